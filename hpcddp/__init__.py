@@ -1,0 +1,7 @@
+"""hpcddp: MPI-native data-parallel training for PyTorch on HPC clusters."""
+
+__version__ = "0.1.0"
+
+from hpcddp.world import World, get_world, init, shutdown  # noqa: E402
+
+__all__ = ["World", "__version__", "get_world", "init", "shutdown"]

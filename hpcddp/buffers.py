@@ -1,0 +1,65 @@
+"""How a torch tensor is shown to MPI.
+
+MPI needs a contiguous buffer of a type it knows. CPU tensors are handed over in place
+as NumPy views; bfloat16 travels as raw 16-bit words (reduced by ``comm.ops``); bool as
+bytes. A CUDA tensor goes to MPI as a device buffer only when MPI is CUDA-aware, after
+the stream that produced it is synchronized (MPI knows nothing of CUDA streams:
+mpi4py/mpi4py#60); otherwise it is staged through host memory.
+"""
+
+from typing import Callable, NamedTuple, Optional
+
+import numpy as np
+import torch
+
+from hpcddp.comm.ops import BFLOAT16
+
+__all__ = ["MPIView", "mpi_view", "numpy_view"]
+
+BOOL = "bool"
+
+
+class MPIView(NamedTuple):
+    """A buffer MPI can read or write, standing for ``tensor``.
+
+    ``finish`` copies the result back into ``tensor`` when the buffer is a staged copy,
+    and is None when MPI works on the tensor's own memory.
+    """
+
+    buf: object
+    kind: Optional[str]
+    finish: Optional[Callable[[], None]]
+
+
+def numpy_view(tensor: torch.Tensor):
+    """Return ``(array, kind)`` sharing memory with a contiguous CPU tensor."""
+    tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(np.uint16), BFLOAT16
+    if tensor.dtype == torch.bool:
+        return tensor.view(torch.uint8).numpy(), BOOL
+    return tensor.numpy(), None
+
+
+def mpi_view(tensor: torch.Tensor, cuda_aware: bool, writable: bool = True) -> MPIView:
+    """Show ``tensor`` to MPI.
+
+    Args:
+        tensor: any tensor.
+        cuda_aware: MPI accepts CUDA device buffers.
+        writable: MPI writes the result here; staged copies are copied back by ``finish``.
+    """
+    tensor = tensor.detach()
+    if tensor.is_cuda and cuda_aware and tensor.dtype != torch.bfloat16:
+        # The bf16 reduction runs on the host inside MPI, so bf16 is always staged.
+        work = tensor if tensor.is_contiguous() else tensor.contiguous()
+        torch.cuda.current_stream(tensor.device).synchronize()
+        finish = (lambda: tensor.copy_(work)) if writable and work is not tensor else None
+        return MPIView(work, None, finish)
+    if tensor.device.type == "cpu" and tensor.is_contiguous():
+        array, kind = numpy_view(tensor)
+        return MPIView(array, kind, None)
+    work = tensor.to("cpu", memory_format=torch.contiguous_format, copy=True)
+    array, kind = numpy_view(work)
+    finish = (lambda: tensor.copy_(work)) if writable else None
+    return MPIView(array, kind, finish)

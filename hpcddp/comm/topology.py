@@ -1,0 +1,48 @@
+"""The library's private communicator and the node layout derived from it."""
+
+from typing import NamedTuple
+
+from mpi4py import MPI
+
+__all__ = ["NodeLayout", "clone_comm", "node_layout"]
+
+
+class NodeLayout(NamedTuple):
+    """Where a rank sits: its node-local communicator and the node numbering."""
+
+    local_comm: "MPI.Intracomm"
+    local_rank: int
+    local_size: int
+    node_rank: int
+    num_nodes: int
+
+
+def clone_comm(comm=None, name="hpcddp.world") -> "MPI.Intracomm":
+    """Return a private duplicate of ``comm`` (COMM_WORLD by default).
+
+    Library traffic on the duplicate can never match a message or collective the user
+    issues on the original.
+    """
+    dup = (MPI.COMM_WORLD if comm is None else comm).Dup()
+    dup.Set_name(name)
+    return dup
+
+
+def node_layout(comm: "MPI.Intracomm") -> NodeLayout:
+    """Compute local rank, local size, node rank and node count for ``comm``.
+
+    Local ranks come from ``Split_type(COMM_TYPE_SHARED)``, i.e. from which processes
+    share memory, never from launcher variables: inside ``sbatch``, ranks started by
+    ``mpiexec`` all see ``SLURM_PROCID=0``.
+
+    .. warning:: Collective over ``comm``.
+    """
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+    local.Set_name("hpcddp.local")
+    leaders = comm.Split(0 if local.rank == 0 else MPI.UNDEFINED, key=comm.rank)
+    numbering = None
+    if leaders != MPI.COMM_NULL:
+        numbering = (leaders.rank, leaders.size)
+        leaders.Free()
+    node_rank, num_nodes = local.bcast(numbering, root=0)
+    return NodeLayout(local, local.rank, local.size, node_rank, num_nodes)

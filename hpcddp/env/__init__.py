@@ -1,0 +1,21 @@
+"""Launcher facts and ``HPCDDP_*`` settings, read from the environment (standard library only)."""
+
+from hpcddp.env.config import ConfigError, describe_settings, get_setting
+from hpcddp.env.launchers import (
+    LAUNCHERS,
+    Launcher,
+    SingletonLaunchError,
+    check_not_singleton,
+    detect_launcher,
+)
+
+__all__ = [
+    "ConfigError",
+    "LAUNCHERS",
+    "Launcher",
+    "SingletonLaunchError",
+    "check_not_singleton",
+    "describe_settings",
+    "detect_launcher",
+    "get_setting",
+]

@@ -1,0 +1,88 @@
+"""The one getter for ``HPCDDP_*`` environment variables.
+
+Every setting hpcddp reads is declared in ``_SETTINGS`` with its kind, default and
+meaning, so ``hpcddp doctor`` and the README can list them and a typo in a value is
+reported with the value quoted instead of being read as "off".
+"""
+
+import os
+from typing import Mapping, NamedTuple, Optional, Union
+
+__all__ = ["ConfigError", "describe_settings", "get_setting"]
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+class ConfigError(ValueError):
+    """An ``HPCDDP_*`` variable holds a value hpcddp cannot read."""
+
+
+class _Setting(NamedTuple):
+    kind: str  # "bool", "tristate" (bool or "auto"), "int", "str"
+    default: Union[bool, int, str, None]
+    help: str
+
+
+_SETTINGS = {
+    "ABORT_ON_ERROR": _Setting(
+        "bool", True,
+        "An uncaught exception on any rank prints its traceback with the rank and aborts "
+        "the whole job (MPI_Abort), so no rank waits forever in a collective."),
+    "CUDA_AWARE": _Setting(
+        "tristate", None,
+        "Override CUDA-awareness detection: 1 hands device buffers to MPI, 0 stages "
+        "through host memory. Unset: ask the MPI library."),
+    "NUM_THREADS": _Setting(
+        "int", 0,
+        "torch intra-op threads per rank; 0 means the cores available to this rank "
+        "divided among the local ranks that share them."),
+    "TORCH_GROUP": _Setting(
+        "bool", True,
+        "hpcddp.init() initializes torch.distributed's default group on MPI unless one "
+        "is already initialized."),
+}
+
+
+def get_setting(name: str, environ: Optional[Mapping[str, str]] = None):
+    """Return the value of ``HPCDDP_<name>``, parsed by its declared kind.
+
+    Args:
+        name: the setting without its prefix, e.g. ``"CUDA_AWARE"``.
+        environ: the environment to read; ``os.environ`` by default.
+
+    Returns:
+        bool, int, str, or None for an unset tristate.
+
+    Raises:
+        ConfigError: the value cannot be parsed; the message quotes it.
+    """
+    spec = _SETTINGS[name]
+    var = "HPCDDP_" + name
+    raw = (os.environ if environ is None else environ).get(var)
+    if raw is None or raw.strip() == "":
+        return spec.default
+    value = raw.strip().lower()
+    if spec.kind in ("bool", "tristate"):
+        if value in _TRUE:
+            return True
+        if value in _FALSE:
+            return False
+        if spec.kind == "tristate" and value == "auto":
+            return None
+        allowed = "1/0, true/false, yes/no, on/off" + (", auto" if spec.kind == "tristate" else "")
+        raise ConfigError(f"{var}={raw!r} is not a boolean; use one of {allowed}")
+    if spec.kind == "int":
+        try:
+            number = int(value)
+        except ValueError:
+            number = -1
+        if number < 0:
+            raise ConfigError(f"{var}={raw!r} is not a non-negative integer; e.g. {var}=4")
+        return number
+    return raw
+
+
+def describe_settings():
+    """Return ``(variable, kind, default, help)`` for every setting hpcddp reads."""
+    return [("HPCDDP_" + n, s.kind, s.default, s.help) for n, s in sorted(_SETTINGS.items())]

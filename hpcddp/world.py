@@ -1,0 +1,165 @@
+"""``hpcddp.init()``: where MPI meets torch.
+
+Binds each rank to its device and thread count, detects CUDA-awareness, installs the
+abort-on-error hook, and gives torch.distributed an MPI-backed default group.
+"""
+
+import os
+import socket
+from typing import Optional
+
+import torch
+from mpi4py import MPI
+
+from hpcddp.comm import clone_comm, detect_cuda_aware, install_abort_hook, node_layout
+from hpcddp.comm.abort import uninstall_abort_hook
+from hpcddp.env import check_not_singleton, detect_launcher, get_setting
+
+__all__ = ["World", "init", "get_world", "shutdown"]
+
+_WORLD: Optional["World"] = None
+
+
+def _cpus_for_rank(local_comm) -> int:
+    """Cores this rank may use: its affinity mask shared among the local ranks it overlaps.
+
+    Launchers differ: mpiexec gives every rank the whole node, srun with binding gives
+    each its own cores, and torch's default thread count follows neither (measured: 1
+    under mpiexec, 2 under srun on the same 2-core node).
+    """
+    mine = set(os.sched_getaffinity(0))
+    masks = local_comm.allgather(sorted(mine))
+    sharing = sum(1 for mask in masks if mine.intersection(mask))
+    return max(1, len(mine) // max(1, sharing))
+
+
+def _bind_device(local_rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+class World:
+    """This rank's place in the job.
+
+    Attributes:
+        rank, size: in ``comm``.
+        local_rank, local_size: among the ranks sharing this node's memory.
+        node_rank, num_nodes: the node numbering.
+        comm: a private duplicate of the communicator given to ``init``.
+        local_comm: the node-local communicator.
+        device: the ``torch.device`` this rank computes on.
+        cuda_aware: whether MPI is given CUDA device buffers; ``cuda_aware_reason`` says why.
+        is_main: true on rank 0, the rank that prints and writes.
+        launcher: the launcher that started this process, as text.
+        num_threads: torch's intra-op thread count on this rank.
+    """
+
+    def __init__(self, comm=None):
+        parent = MPI.COMM_WORLD if comm is None else comm
+        check_not_singleton(MPI.COMM_WORLD.Get_size())
+        self.parent = parent
+        self.comm = clone_comm(parent)
+        layout = node_layout(self.comm)
+        self.local_comm = layout.local_comm
+        self.rank, self.size = self.comm.rank, self.comm.size
+        self.local_rank, self.local_size = layout.local_rank, layout.local_size
+        self.node_rank, self.num_nodes = layout.node_rank, layout.num_nodes
+        self.is_main = self.rank == 0
+        self.hostname = socket.gethostname()
+        self.launcher = detect_launcher().describe()
+        self.device = _bind_device(self.local_rank)
+        self.num_threads = get_setting("NUM_THREADS") or _cpus_for_rank(self.local_comm)
+        torch.set_num_threads(self.num_threads)
+        aware = detect_cuda_aware(self.comm, get_setting("CUDA_AWARE"))
+        self.cuda_aware, self.cuda_aware_reason = aware.aware, aware.reason
+
+    def barrier(self) -> None:
+        """Wait until every rank arrives.
+
+        .. warning:: Synchronization point.
+        """
+        self.comm.Barrier()
+
+    def free(self) -> None:
+        """Release the communicators."""
+        for comm in (self.local_comm, self.comm):
+            if comm != MPI.COMM_NULL:
+                comm.Free()
+
+    def __repr__(self):
+        return (f"World(rank={self.rank}, size={self.size}, local_rank={self.local_rank}, "
+                f"local_size={self.local_size}, node_rank={self.node_rank}, "
+                f"num_nodes={self.num_nodes}, device={self.device}, "
+                f"cuda_aware={self.cuda_aware})")
+
+
+def init(comm=None, *, torch_group: Optional[bool] = None) -> World:
+    """Join the job: bind devices and threads and set up torch.distributed on MPI.
+
+    Idempotent: later calls return the same ``World``.
+
+    Args:
+        comm: an mpi4py communicator to train on; COMM_WORLD by default. hpcddp works
+            on a private duplicate of it.
+        torch_group: initialize torch.distributed's default group on MPI (unless one is
+            already initialized). Defaults to ``HPCDDP_TORCH_GROUP`` (on).
+
+    Returns:
+        The ``World`` of this rank.
+
+    Raises:
+        SingletonLaunchError: the launcher started several processes but MPI sees one.
+        RuntimeError: called again with a different communicator.
+
+    Example::
+
+        world = hpcddp.init()
+        model = hpcddp.DistributedDataParallel(model.to(world.device))
+
+    .. warning:: Collective: every rank of ``comm`` must call it.
+    """
+    global _WORLD
+    if _WORLD is not None:
+        if comm is not None and comm != _WORLD.parent:
+            raise RuntimeError(
+                "hpcddp.init() was already called with another communicator; call "
+                "hpcddp.shutdown() first to switch communicators")
+        return _WORLD
+    world = World(comm)
+    _WORLD = world
+    if get_setting("TORCH_GROUP") if torch_group is None else torch_group:
+        from hpcddp.process_group import init_default_group
+        init_default_group(world)
+    # After torch's group: torch wraps sys.excepthook at init_process_group and buffers
+    # what the hook it wraps prints, which an abort inside it would lose.
+    if get_setting("ABORT_ON_ERROR"):
+        install_abort_hook(world.comm)
+    return world
+
+
+def get_world() -> World:
+    """Return the ``World`` of ``hpcddp.init()``, initializing on first use."""
+    return _WORLD if _WORLD is not None else init()
+
+
+def shutdown() -> None:
+    """Undo ``init()``: destroy hpcddp's torch.distributed group and free communicators.
+
+    .. warning:: Collective.
+    """
+    global _WORLD
+    if _WORLD is None:
+        return
+    from hpcddp.process_group import destroy_default_group
+    destroy_default_group()
+    uninstall_abort_hook()
+    _WORLD.free()
+    _WORLD = None
+
+
+def _world_for_backend() -> World:
+    """The World for the torch backend, which must not initialize torch's group again."""
+    return _WORLD if _WORLD is not None else init(torch_group=False)
