@@ -1,0 +1,159 @@
+"""``hpcddp doctor``: what every rank sees, whether it agrees, and how fast MPI is.
+
+Rank 0 prints one row per rank, grouped by node, then the allreduce bus bandwidth over
+a range of message sizes. The exit status is non-zero, on every rank, when something is
+wrong: a singleton launch, or ranks that disagree on versions.
+"""
+
+import argparse
+import os
+import platform
+import sys
+import time
+from typing import Dict, List
+
+import numpy as np
+
+__all__ = ["main", "rank_report", "find_problems", "allreduce_bandwidth"]
+
+_THREAD_LEVELS = {0: "single", 1: "funneled", 2: "serialized", 3: "multiple"}
+# Fields that must agree across ranks, or ranks may compute or communicate differently.
+_MUST_AGREE = ("hpcddp", "torch", "mpi4py", "mpi_library", "python")
+
+
+def _mpi_library(MPI) -> str:
+    first = MPI.Get_library_version().strip().splitlines()[0]
+    return " ".join(first.split(",")[0].split())
+
+
+def rank_report(world) -> Dict[str, object]:
+    """Return what this rank sees, as plain values."""
+    import h5py
+    import mpi4py
+    import torch
+    from mpi4py import MPI
+
+    import hpcddp
+
+    return {
+        "host": world.hostname, "rank": world.rank, "local_rank": world.local_rank,
+        "node_rank": world.node_rank, "device": str(world.device),
+        "threads": world.num_threads, "mpi_library": _mpi_library(MPI),
+        "mpi_standard": "%d.%d" % MPI.Get_version(), "launcher": world.launcher,
+        "thread_level": _THREAD_LEVELS.get(MPI.Query_thread(), str(MPI.Query_thread())),
+        "cuda_aware": world.cuda_aware, "cuda_aware_reason": world.cuda_aware_reason,
+        "h5py": h5py.__version__, "h5py_mpi": bool(h5py.get_config().mpi),
+        "hpcddp": hpcddp.__version__, "torch": torch.__version__,
+        "mpi4py": mpi4py.__version__, "python": platform.python_version(),
+    }
+
+
+def find_problems(reports: List[Dict[str, object]]) -> List[str]:
+    """Return one line per field on which the ranks disagree."""
+    problems = []
+    for field in _MUST_AGREE:
+        values = {}
+        for report in reports:
+            values.setdefault(report[field], []).append(report["rank"])
+        if len(values) > 1:
+            said = "; ".join(f"{v} on ranks {_ranks(r)}" for v, r in values.items())
+            problems.append(f"ranks disagree on {field}: {said}. Install the same "
+                            f"environment on every node (one venv on a shared file system).")
+    return problems
+
+
+def _ranks(ranks):
+    return ",".join(map(str, ranks[:8])) + (",..." if len(ranks) > 8 else "")
+
+
+def allreduce_bandwidth(comm, sizes, min_seconds=0.2, max_iters=50):
+    """Measure ``Allreduce`` of float32 buffers; return ``(bytes, seconds, bus GB/s)`` rows.
+
+    The time of an iteration is the slowest rank's; the bus bandwidth is the data each
+    rank moves in a ring allreduce, ``2 (n-1)/n * bytes``, per second.
+    """
+    from mpi4py import MPI
+
+    rows = []
+    for nbytes in sizes:
+        send = np.ones(nbytes // 4, dtype=np.float32)
+        recv = np.empty_like(send)
+        comm.Allreduce(send, recv)  # warm-up: connection set-up, buffer registration
+        times, spent = [], 0.0
+        while len(times) < 3 or (spent < min_seconds and len(times) < max_iters):
+            comm.Barrier()
+            start = time.perf_counter()
+            comm.Allreduce(send, recv)
+            elapsed = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
+            times.append(elapsed)
+            spent += elapsed
+        seconds = float(np.median(times))
+        factor = 2.0 * (comm.size - 1) / comm.size
+        rows.append((nbytes, seconds, factor * nbytes / seconds / 1e9))
+    return rows
+
+
+def _fmt_bytes(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:g} {unit}"
+        n /= 1024
+
+
+def _print_table(reports, out):
+    columns = [("host", "host"), ("rank", "rank"), ("local", "local_rank"),
+               ("device", "device"), ("threads", "threads"), ("MPI", "mpi_library"),
+               ("std", "mpi_standard"), ("launcher", "launcher"),
+               ("thread level", "thread_level"), ("CUDA-aware", "cuda_aware"),
+               ("why", "cuda_aware_reason"), ("h5py", "h5py"), ("h5py MPI", "h5py_mpi")]
+    table = [[str(r[key]) for _, key in columns] for r in reports]
+    widths = [max(len(h), *(len(row[i]) for row in table)) for i, (h, _) in enumerate(columns)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+    nodes = sorted({r["node_rank"] for r in reports})
+    print(f"hpcddp {reports[0]['hpcddp']}, torch {reports[0]['torch']}, mpi4py "
+          f"{reports[0]['mpi4py']}: {len(reports)} ranks on {len(nodes)} node(s)", file=out)
+    for node in nodes:
+        members = [i for i, r in enumerate(reports) if r["node_rank"] == node]
+        print(f"\nnode {node} ({reports[members[0]]['host']}), {len(members)} ranks", file=out)
+        print(line([h for h, _ in columns]), file=out)
+        for i in members:
+            print(line(table[i]), file=out)
+
+
+def main(argv=None) -> int:
+    """Run the doctor on every rank; return the exit status."""
+    parser = argparse.ArgumentParser(prog="hpcddp doctor", description=__doc__.splitlines()[0])
+    parser.add_argument("--max-bytes", type=int, default=64 << 20,
+                        help="largest allreduce message (default 64 MiB)")
+    parser.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth test")
+    args = parser.parse_args(argv)
+
+    from hpcddp.env import ConfigError, SingletonLaunchError
+    from hpcddp.world import init
+
+    try:
+        world = init(torch_group=False)
+    except (SingletonLaunchError, ConfigError) as error:
+        print(f"hpcddp doctor: PROBLEM: {error}", file=sys.stderr)
+        return 2
+    reports = sorted(world.comm.allgather(rank_report(world)), key=lambda r: r["rank"])
+    problems = find_problems(reports)
+    sizes = [] if args.no_bandwidth or world.size < 2 else \
+        [s for s in (4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20) if s <= args.max_bytes]
+    bandwidth = allreduce_bandwidth(world.comm, sizes)
+    if world.is_main:
+        _print_table(reports, sys.stdout)
+        settings = {k: v for k, v in os.environ.items() if k.startswith("HPCDDP_")}
+        if settings:
+            print("\nsettings: " + " ".join(f"{k}={v}" for k, v in sorted(settings.items())))
+        if bandwidth:
+            print(f"\nallreduce (float32, {world.size} ranks): size, time, bus bandwidth")
+            for nbytes, seconds, busbw in bandwidth:
+                print(f"  {_fmt_bytes(nbytes):>9}  {seconds * 1e3:9.3f} ms  {busbw:8.2f} GB/s")
+        elif world.size < 2:
+            print("\nallreduce bandwidth: skipped, world size is 1")
+        for problem in problems:
+            print(f"PROBLEM: {problem}")
+        print("\nhpcddp doctor: " + ("FAILED" if problems else "OK"))
+        sys.stdout.flush()
+    return 1 if problems else 0

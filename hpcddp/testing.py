@@ -1,0 +1,66 @@
+"""A pytest plugin for tests that run on every rank of an MPI job.
+
+Use it as ``mpiexec -n 2 python -m pytest -p hpcddp.testing tests/mpi``. It:
+
+- initializes hpcddp before collection, so tests can take ``hpcddp.get_world()``;
+- prints the MPI library, rank and size in the header, and reports on rank 0 only;
+- ends the whole job when a test fails on any rank. pytest catches a failing assert,
+  so the abort-on-exception hook never sees it, and the other ranks would wait forever
+  in the test's next collective. The failing rank prints its report, then aborts.
+"""
+
+import sys
+
+import pytest
+
+__all__ = []
+
+_state = {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    import hpcddp
+
+    _state["world"] = hpcddp.init()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    world = _state["world"]
+    if world.rank != 0:
+        # One report for the job: rank 0's. Failures elsewhere are printed before abort.
+        reporter = session.config.pluginmanager.getplugin("terminalreporter")
+        if reporter is not None:
+            session.config.pluginmanager.unregister(reporter)
+
+
+def pytest_report_header(config):
+    from mpi4py import MPI
+
+    world = _state["world"]
+    library = " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
+    return [f"MPI: {library}, rank {world.rank} of {world.size} "
+            f"({world.num_nodes} node(s)), torch threads per rank: {world.num_threads}"]
+
+
+def _abort(what, text):
+    world = _state["world"]
+    sys.stdout.flush()
+    sys.stderr.write(f"\nhpcddp.testing: rank {world.rank} of {world.size}: {what} FAILED; "
+                     f"aborting all ranks so none waits forever\n{text}\n")
+    sys.stderr.flush()
+    world.comm.Abort(1)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        _abort(f"{item.nodeid} ({report.when})", report.longreprtext)
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        _abort(f"collecting {report.nodeid}", report.longreprtext)

@@ -1,0 +1,83 @@
+"""Whole jobs as a user starts them: how they end, what they print, how fast they fail."""
+
+import re
+
+import pytest
+
+FAIL_FAST = 15.0  # seconds within which a failed job must have ended
+
+
+def test_exception_on_one_rank_aborts_the_whole_job(run_job):
+    job = run_job(["tests/jobs/scripts/raise_on_rank1.py"], n=3, timeout=60)
+    assert not job.timed_out and job.returncode != 0
+    assert job.seconds < FAIL_FAST, f"took {job.seconds:.1f}s to fail"
+    assert "hpcddp: rank 1 of 3" in job.stderr
+    assert "ValueError: deliberate failure on rank one" in job.stderr
+    assert "must not happen" not in job.stdout
+
+
+def test_without_the_abort_hook_the_same_job_hangs(run_job):
+    # The negative control: with the hook off, the ranks in the barrier wait forever.
+    job = run_job(["tests/jobs/scripts/raise_on_rank1.py"], n=2, timeout=FAIL_FAST,
+                  env={"HPCDDP_ABORT_ON_ERROR": "0"})
+    assert job.timed_out
+    assert "hpcddp: rank 1" not in job.stderr
+
+
+def test_failing_test_on_one_rank_ends_the_pytest_job(run_job):
+    job = run_job(["-m", "pytest", "-q", "-p", "hpcddp.testing",
+                   "tests/jobs/scripts/case_fails_on_one_rank.py"], n=2, timeout=90)
+    assert job.returncode != 0
+    assert job.seconds < 30, f"took {job.seconds:.1f}s to fail"
+    assert "rank 1 of 2" in job.stderr and "FAILED" in job.stderr
+    assert "deliberate assertion failure on rank one" in job.output
+
+
+@pytest.mark.parametrize("variable, fix", [
+    ("SLURM_STEP_NUM_TASKS", "srun --mpi=pmi2"),
+    ("OMPI_COMM_WORLD_SIZE", "different MPI"),
+])
+def test_singleton_launch_is_refused_with_the_fix(run_job, variable, fix):
+    # The launcher variable is set by hand: a real `srun --mpi=none` job is in the
+    # Slurm tests. Here each process is a real MPI singleton.
+    job = run_job(["tests/jobs/scripts/show_world.py"], env={variable: "2"}, timeout=60)
+    assert job.returncode != 0
+    assert f"MPI world size is 1 but {variable}=2" in job.stderr and fix in job.stderr
+
+
+def test_serial_command_inside_a_multitask_allocation_runs(run_job):
+    job = run_job(["tests/jobs/scripts/show_world.py"],
+                  env={"SLURM_NTASKS": "4", "SLURM_JOB_ID": "1"}, timeout=60)
+    assert job.returncode == 0, job.stderr
+    assert "rank=0 size=1" in job.stdout
+
+
+def test_ranks_and_local_ranks_under_mpiexec(run_job):
+    job = run_job(["tests/jobs/scripts/show_world.py"], n=3, timeout=60)
+    assert job.returncode == 0, job.stderr
+    # Ranks print concurrently: pick the records out, in whatever order they came.
+    seen = sorted(re.findall(r"rank=\d+ size=\d+ local_rank=\d+ device=(?:cpu|cuda:\d+)", job.stdout))
+    assert seen == [f"rank={r} size=3 local_rank={r} device=cpu" for r in range(3)]
+
+
+def test_doctor_prints_every_rank_and_bandwidth(run_job):
+    job = run_job(["-m", "hpcddp", "doctor", "--max-bytes", "1048576"], n=3, timeout=90)
+    assert job.returncode == 0, job.output
+    rows = [line for line in job.stdout.splitlines() if re.match(r"^\S+\s+\d+\s+\d+\s+cpu", line)]
+    assert [int(row.split()[1]) for row in rows] == [0, 1, 2]
+    assert all("multiple" in row and "mpiexec (Hydra)" in row for row in rows)
+    assert re.search(r"1 MiB\s+[\d.]+ ms\s+[\d.]+ GB/s", job.stdout)
+    assert "hpcddp doctor: OK" in job.stdout
+
+
+def test_doctor_fails_on_a_singleton_launch(run_job):
+    job = run_job(["-m", "hpcddp", "doctor"], env={"SLURM_STEP_NUM_TASKS": "4"}, timeout=60)
+    assert job.returncode == 2
+    assert "PROBLEM" in job.stderr and "srun --mpi=pmi2" in job.stderr
+
+
+def test_bad_setting_is_reported_on_every_rank(run_job):
+    job = run_job(["tests/jobs/scripts/show_world.py"], n=2, timeout=60,
+                  env={"HPCDDP_CUDA_AWARE": "perhaps"})
+    assert job.returncode != 0
+    assert job.stderr.count("HPCDDP_CUDA_AWARE='perhaps'") >= 2
