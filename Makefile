@@ -29,8 +29,8 @@ test-unit: venv
 	$(PYTEST) tests/unit tests/jobs
 
 test-mpi: venv
-	$(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PYTEST) -p hpcddp.testing tests/mpi
-	$(MPI_TIMEOUT) $(MPIEXEC) -n 3 $(PYTEST) -p hpcddp.testing tests/mpi
+	$(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m pytest -p hpcddp.testing tests/mpi
+	$(MPI_TIMEOUT) $(MPIEXEC) -n 3 $(PY) -m pytest -p hpcddp.testing tests/mpi
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

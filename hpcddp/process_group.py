@@ -93,11 +93,28 @@ class MPIProcessGroup(dist.ProcessGroup):
 
     def __init__(self, comm, cuda_aware: bool = False):
         super().__init__(comm.rank, comm.size)
+        self._hpcddp_name = self._hpcddp_desc = ""
         self.comm = comm
         self.cuda_aware = cuda_aware
 
     def getBackendName(self):
         return BACKEND
+
+    # torch keeps a group's name and description on its C++ backends, and a Python
+    # group has none, so they are kept here.
+    def _set_group_name(self, name):
+        self._hpcddp_name = name
+
+    @property
+    def group_name(self):
+        return self._hpcddp_name
+
+    def _set_group_desc(self, desc):
+        self._hpcddp_desc = desc
+
+    @property
+    def group_desc(self):
+        return self._hpcddp_desc
 
     # -- helpers ---------------------------------------------------------------------
 

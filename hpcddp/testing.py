@@ -18,21 +18,16 @@ __all__ = []
 _state = {}
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(trylast=True)
 def pytest_configure(config):
     import hpcddp
 
-    _state["world"] = hpcddp.init()
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_sessionstart(session):
-    world = _state["world"]
+    world = _state["world"] = hpcddp.init()
     if world.rank != 0:
         # One report for the job: rank 0's. Failures elsewhere are printed before abort.
-        reporter = session.config.pluginmanager.getplugin("terminalreporter")
+        reporter = config.pluginmanager.getplugin("terminalreporter")
         if reporter is not None:
-            session.config.pluginmanager.unregister(reporter)
+            config.pluginmanager.unregister(reporter)
 
 
 def pytest_report_header(config):

@@ -1,0 +1,232 @@
+"""The MPI-backed torch.distributed group against gloo, run in the same job."""
+
+import socket
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+import hpcddp
+
+FLOAT_TOL = dict(rtol=1e-6, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def world():
+    return hpcddp.init()
+
+
+@pytest.fixture(scope="module")
+def gloo(world):
+    """A gloo process group over TCP on loopback, built beside hpcddp's default group."""
+    port = None
+    if world.rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = MPI.COMM_WORLD.bcast(port, root=0)
+    store = dist.TCPStore("127.0.0.1", port, world.size, world.rank == 0,
+                          timeout=timedelta(seconds=60))
+    return dist.ProcessGroupGloo(store, world.rank, world.size, timedelta(seconds=60))
+
+
+def _data(world, shape=(5, 3), dtype=torch.float32, salt=0):
+    g = torch.Generator().manual_seed(1000 * world.rank + salt)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(-50, 50, shape, generator=g).to(dtype)
+
+
+def _opts(cls, **fields):
+    opts = cls()
+    for key, value in fields.items():
+        setattr(opts, key, value)
+    return opts
+
+
+def test_default_group_is_hpcddp(world):
+    assert dist.is_initialized() and dist.get_backend() == "hpcddp"
+    assert (dist.get_rank(), dist.get_world_size()) == (world.rank, world.size)
+
+
+@pytest.mark.parametrize("op, dtype", [
+    (op, dtype) for op in ["SUM", "AVG", "MIN", "MAX", "PRODUCT"]
+    for dtype in [torch.float32, torch.float64, torch.int64]
+    if not (op == "AVG" and dtype == torch.int64)])
+def test_all_reduce_matches_gloo(world, gloo, op, dtype):
+    ours, theirs = _data(world, dtype=dtype), _data(world, dtype=dtype)
+    red = getattr(dist.ReduceOp, op)
+    dist.all_reduce(ours, op=red)
+    gloo.allreduce([theirs], _opts(dist.AllreduceOptions, reduceOp=red)).wait()
+    torch.testing.assert_close(ours, theirs, **FLOAT_TOL)
+    # Negative control: the reduction really changed something on some rank.
+    before = _data(world, dtype=dtype)
+    assert MPI.COMM_WORLD.allreduce(int(not torch.equal(before, ours)), op=MPI.SUM) > 0
+
+
+def test_all_reduce_bf16_equals_float_sum_rounded(world):
+    ours = _data(world, dtype=torch.bfloat16)
+    parts = MPI.COMM_WORLD.allgather(ours.float().numpy())
+    dist.all_reduce(ours)
+    # MPI may combine in any order; each partial sum is rounded to bf16 once.
+    expected = torch.from_numpy(sum(parts)).bfloat16()
+    torch.testing.assert_close(ours.float(), expected.float(), rtol=2 ** -7, atol=1e-2)
+    assert not torch.equal(ours, _data(world, dtype=torch.bfloat16))
+
+
+def test_integer_average_is_refused_on_every_rank(world):
+    with pytest.raises(ValueError, match="AVG needs a floating-point tensor, got torch.int64"):
+        dist.all_reduce(torch.ones(2, dtype=torch.int64), op=dist.ReduceOp.AVG)
+
+
+def test_all_reduce_bool_is_any(world):
+    flag = torch.tensor([world.rank == world.size - 1, False])
+    dist.all_reduce(flag)
+    assert flag.tolist() == [True, False]
+
+
+def test_async_all_reduce_and_future(world):
+    t = torch.full((4,), float(world.rank))
+    work = dist.all_reduce(t, async_op=True)
+    result = work.get_future().wait()
+    assert work.is_completed()
+    expected = float(sum(range(world.size)))
+    assert torch.all(t == expected) and torch.all(result[0] == expected)
+
+
+@pytest.mark.parametrize("root", [0, -1])
+def test_broadcast_matches_gloo(world, gloo, root):
+    root = root % world.size
+    ours, theirs = _data(world), _data(world)
+    dist.broadcast(ours, src=root)
+    gloo.broadcast([theirs], _opts(dist.BroadcastOptions, rootRank=root)).wait()
+    assert torch.equal(ours, theirs)
+    assert torch.equal(ours, MPI.COMM_WORLD.bcast(_data(world), root))
+
+
+def test_all_gather_list_and_into_tensor_match_gloo(world, gloo):
+    mine = _data(world, shape=(3, 2))
+    ours = [torch.empty_like(mine) for _ in range(world.size)]
+    theirs = [torch.empty_like(mine) for _ in range(world.size)]
+    dist.all_gather(ours, mine)
+    gloo.allgather([theirs], [mine]).wait()
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+    flat = torch.empty((world.size * 3, 2))
+    dist.all_gather_into_tensor(flat, mine)
+    assert torch.equal(flat, torch.cat(theirs))
+
+
+def test_all_gather_non_contiguous_output(world):
+    mine = torch.full((2, 3), float(world.rank))
+    outputs = [torch.empty(3, 2).t() for _ in range(world.size)]
+    dist.all_gather(outputs, mine)
+    assert all(torch.all(out == r) for r, out in enumerate(outputs))
+
+
+@pytest.mark.parametrize("op", ["SUM", "MAX"])
+def test_reduce_scatter_matches_gloo(world, gloo, op):
+    inputs = [_data(world, shape=(4,), salt=k) for k in range(world.size)]
+    ours, theirs = torch.empty(4), torch.empty(4)
+    red = getattr(dist.ReduceOp, op)
+    dist.reduce_scatter(ours, inputs, op=red)
+    gloo.reduce_scatter([theirs], [inputs], _opts(dist.ReduceScatterOptions, reduceOp=red)).wait()
+    torch.testing.assert_close(ours, theirs, **FLOAT_TOL)
+    single = torch.empty(4)
+    dist.reduce_scatter_tensor(single, torch.cat(inputs), op=red)
+    torch.testing.assert_close(single, theirs, **FLOAT_TOL)
+
+
+def test_reduce_to_root(world, gloo):
+    ours, theirs = _data(world), _data(world)
+    dist.reduce(ours, dst=0)
+    gloo.reduce([theirs], _opts(dist.ReduceOptions, rootRank=0)).wait()
+    if world.rank == 0:
+        torch.testing.assert_close(ours, theirs, **FLOAT_TOL)
+
+
+def test_gather_and_scatter_match_gloo(world, gloo):
+    root = world.size - 1
+    mine = _data(world, shape=(2, 2))
+    ours = [torch.empty(2, 2) for _ in range(world.size)] if world.rank == root else None
+    dist.gather(mine, ours, dst=root)
+    theirs = [torch.empty(2, 2) for _ in range(world.size)]
+    gloo.gather([theirs] if world.rank == root else [], [mine],
+                _opts(dist.GatherOptions, rootRank=root)).wait()
+    if world.rank == root:
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+    pieces = [torch.full((3,), 10.0 * r) for r in range(world.size)]
+    out_ours, out_theirs = torch.empty(3), torch.empty(3)
+    dist.scatter(out_ours, pieces if world.rank == root else None, src=root)
+    gloo.scatter([out_theirs], [pieces] if world.rank == root else [],
+                 _opts(dist.ScatterOptions, rootRank=root)).wait()
+    assert torch.equal(out_ours, out_theirs) and torch.all(out_ours == 10.0 * world.rank)
+
+
+def test_all_to_all_single_even_and_uneven(world, gloo):
+    n = world.size
+    src = torch.arange(2 * n, dtype=torch.float32) + 100 * world.rank
+    ours, theirs = torch.empty(2 * n), torch.empty(2 * n)
+    dist.all_to_all_single(ours, src)
+    gloo.alltoall_base(theirs, src, [], [], dist.AllToAllOptions()).wait()
+    assert torch.equal(ours, theirs)
+    # Rank r sends r+1 rows to every peer.
+    send = torch.full(((world.rank + 1) * n, 2), float(world.rank))
+    recv_sizes = [r + 1 for r in range(n)]
+    got = torch.empty((sum(recv_sizes), 2))
+    dist.all_to_all_single(got, send, recv_sizes, [world.rank + 1] * n)
+    expected = torch.cat([torch.full((r + 1, 2), float(r)) for r in range(n)])
+    assert torch.equal(got, expected)
+
+
+def test_all_to_all_lists(world):
+    n = world.size
+    inputs = [torch.full((k + 1,), float(world.rank * 10 + k)) for k in range(n)]
+    outputs = [torch.empty(world.rank + 1) for _ in range(n)]
+    dist.all_to_all(outputs, inputs)
+    for peer, out in enumerate(outputs):
+        assert torch.all(out == peer * 10 + world.rank)
+
+
+def test_barrier_and_send_recv_ring(world):
+    dist.barrier()
+    right, left = (world.rank + 1) % world.size, (world.rank - 1) % world.size
+    outgoing = torch.full((3,), float(world.rank))
+    incoming = torch.empty(3)
+    requests = [dist.isend(outgoing, right), dist.irecv(incoming, left)]
+    for request in requests:
+        request.wait()
+    assert torch.all(incoming == left)
+
+
+def test_recv_from_any_source_reports_the_sender(world):
+    if world.rank == 1:
+        dist.send(torch.tensor([7.0]), 0)
+    elif world.rank == 0:
+        got = torch.empty(1)
+        assert dist.recv(got) == 1 and got.item() == 7.0
+    dist.barrier()
+
+
+def test_objects_and_torch_sampler(world):
+    gathered = [None] * world.size
+    dist.all_gather_object(gathered, {"rank": world.rank})
+    assert gathered == [{"rank": r} for r in range(world.size)]
+    sampler = torch.utils.data.distributed.DistributedSampler(range(10), seed=3)
+    mine = list(sampler)
+    everyone = MPI.COMM_WORLD.allgather(mine)
+    assert [len(part) for part in everyone] == [len(mine)] * world.size
+    assert set(i for part in everyone for i in part) == set(range(10))
+    # torch's sampler drew its permutation from the seed alone: every rank agrees.
+    assert mine == list(sampler)
+
+
+def test_subgroup(world):
+    ranks = list(range(0, world.size, 2))
+    group = dist.new_group(ranks)
+    t = torch.tensor([float(world.rank)])
+    if world.rank in ranks:
+        dist.all_reduce(t, group=group)
+        assert t.item() == float(sum(ranks))
+    dist.destroy_process_group(group)

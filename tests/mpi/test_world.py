@@ -1,0 +1,75 @@
+"""World as seen by every rank, checked against facts gathered independently."""
+
+import os
+import socket
+
+import pytest
+import torch
+from mpi4py import MPI
+
+import hpcddp
+
+
+@pytest.fixture(scope="module")
+def world():
+    return hpcddp.init()
+
+
+def test_rank_and_size_are_mpis(world):
+    assert (world.rank, world.size) == (MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size)
+    assert world.is_main == (MPI.COMM_WORLD.rank == 0)
+
+
+def test_comm_is_a_private_duplicate(world):
+    assert MPI.Comm.Compare(world.comm, MPI.COMM_WORLD) == MPI.CONGRUENT
+
+
+def test_local_rank_counts_ranks_on_the_same_host(world):
+    hosts = MPI.COMM_WORLD.allgather(socket.gethostname())
+    me = MPI.COMM_WORLD.rank
+    same = [r for r, h in enumerate(hosts) if h == hosts[me]]
+    assert world.local_rank == same.index(me)
+    assert world.local_size == len(same)
+    assert world.num_nodes == len(set(hosts))
+
+
+def test_device_and_threads(world):
+    assert world.device == torch.device("cpu")
+    assert torch.get_num_threads() == world.num_threads
+    cpus = len(os.sched_getaffinity(0))
+    assert world.num_threads == max(1, cpus // world.local_size)
+
+
+def test_init_is_idempotent(world):
+    assert hpcddp.init() is world and hpcddp.get_world() is world
+
+
+def test_init_on_a_sub_communicator():
+    # Launcher variables describe COMM_WORLD; a sub-communicator shows that the
+    # layout comes from MPI itself.
+    import torch.distributed as dist
+    world_size = MPI.COMM_WORLD.size
+    sub = MPI.COMM_WORLD.Split(color=MPI.COMM_WORLD.rank % 2, key=MPI.COMM_WORLD.rank)
+    hpcddp.shutdown()
+    try:
+        world = hpcddp.init(comm=sub)
+        with pytest.raises(RuntimeError, match="another communicator"):
+            hpcddp.init(comm=MPI.COMM_WORLD)
+        expected_size = len(range(MPI.COMM_WORLD.rank % 2, world_size, 2))
+        assert (world.rank, world.size) == (MPI.COMM_WORLD.rank // 2, expected_size)
+        assert (world.local_rank, world.local_size) == (world.rank, expected_size)
+        assert dist.get_world_size() == expected_size
+        total = torch.tensor([float(MPI.COMM_WORLD.rank)])
+        dist.all_reduce(total)
+        assert total.item() == sum(range(MPI.COMM_WORLD.rank % 2, world_size, 2))
+    finally:
+        hpcddp.shutdown()
+        sub.Free()
+        hpcddp.init()
+    assert hpcddp.get_world().size == world_size and dist.get_world_size() == world_size
+
+
+def test_cuda_awareness_of_this_mpi_is_explained(world):
+    # The mpich wheel is built without CUDA; the reason must say how we know.
+    assert world.cuda_aware is False
+    assert "MPIX_Query_cuda_support() = 0" in world.cuda_aware_reason
