@@ -3,5 +3,7 @@
 __version__ = "0.1.0"
 
 from hpcddp.world import World, get_world, init, shutdown  # noqa: E402
+from hpcddp.ddp import DistributedDataParallel  # noqa: E402
 
-__all__ = ["World", "__version__", "get_world", "init", "shutdown"]
+__all__ = ["DistributedDataParallel", "World", "__version__", "get_world", "init",
+           "shutdown"]

@@ -1,0 +1,192 @@
+"""``hpcddp.DistributedDataParallel``: torch's DDP constructor and behaviour, on MPI."""
+
+import warnings
+from contextlib import contextmanager
+
+import torch
+from mpi4py import MPI
+from torch import nn
+
+from hpcddp.ddp.buckets import DEFAULT_CAP_MB
+from hpcddp.ddp.reducer import Reducer
+from hpcddp.ddp.sync import broadcast_tensors, verify_same_parameters
+
+__all__ = ["DistributedDataParallel"]
+
+_warned_cpu_device_ids = []
+
+
+def _resolve_comm(process_group, world):
+    """The mpi4py communicator to train on: given, behind a torch group, or the world's."""
+    if process_group is None:
+        return world.comm
+    if isinstance(process_group, MPI.Comm):
+        return process_group
+    from hpcddp.process_group import comm_of
+    return comm_of(process_group)
+
+
+def _refuse(name, value, default):
+    if value != default:
+        raise NotImplementedError(
+            f"hpcddp.DistributedDataParallel does not support {name}={value!r}; "
+            f"leave it at {default!r} (torch's DDP features that hpcddp does not honour "
+            f"are refused rather than ignored)")
+
+
+class DistributedDataParallel(nn.Module):
+    """Data-parallel training over MPI, a drop-in for ``torch.nn.parallel.DistributedDataParallel``.
+
+    Gradients are averaged across ranks in buckets with non-blocking ``Iallreduce``,
+    overlapped with backward. Arguments, defaults and ``state_dict`` keys (``module.``
+    prefix) are torch's.
+
+    Args:
+        module: the model, on this rank's device.
+        device_ids, output_device: as torch's. On a machine without CUDA, CUDA indices
+            are ignored with a one-time warning so one script runs everywhere.
+        dim: as torch's (kept for compatibility; inputs are not scattered).
+        broadcast_buffers: broadcast buffers (e.g. BatchNorm statistics) from rank 0
+            before each forward. ``None`` means True.
+        init_sync: check that all ranks hold the same parameters, then broadcast
+            parameters and buffers from rank 0.
+        process_group: an mpi4py communicator or a group made after ``hpcddp.init()``;
+            the hpcddp world by default.
+        bucket_cap_mb: bucket size in MiB; ``None`` means 25, with a 1 MiB first bucket.
+        find_unused_parameters: parameters may get no gradient in some iterations.
+        check_reduction: deprecated in torch; accepted, no effect.
+        gradient_as_bucket_view: ``.grad`` tensors are views into the buckets.
+        static_graph: the set of used parameters never changes.
+        forward_sync_buffers: overrides ``broadcast_buffers`` when given, as in torch.
+
+    Example::
+
+        world = hpcddp.init()
+        model = hpcddp.DistributedDataParallel(Net().to(world.device))
+        loss_fn(model(x), y).backward()   # .grad is the average over ranks
+        optimizer.step()
+
+    .. warning:: Construction is collective. Every backward after a forward with
+       ``require_backward_grad_sync`` (the default, see ``no_sync()``) is a
+       synchronization point: all ranks must run it.
+    """
+
+    def __init__(self, module, device_ids=None, output_device=None, dim=0,
+                 broadcast_buffers=None, init_sync=True, process_group=None,
+                 bucket_cap_mb=None, find_unused_parameters=False, check_reduction=False,
+                 gradient_as_bucket_view=False, static_graph=False,
+                 delay_all_reduce_named_params=None, param_to_hook_all_reduce=None,
+                 mixed_precision=None, device_mesh=None, skip_all_reduce_unused_params=False,
+                 bucket_cap_mb_list=None, batched_grad_copy=False, forward_sync_buffers=None):
+        super().__init__()
+        from hpcddp.world import get_world
+
+        for name, value, default in [
+            ("delay_all_reduce_named_params", delay_all_reduce_named_params, None),
+            ("param_to_hook_all_reduce", param_to_hook_all_reduce, None),
+            ("mixed_precision", mixed_precision, None), ("device_mesh", device_mesh, None),
+            ("skip_all_reduce_unused_params", skip_all_reduce_unused_params, False),
+            ("bucket_cap_mb_list", bucket_cap_mb_list, None),
+            ("batched_grad_copy", batched_grad_copy, False)]:
+            _refuse(name, value, default)
+        world = get_world()
+        self.module = module
+        self.dim = dim
+        self.device_ids, self.output_device = self._check_devices(device_ids, output_device)
+        self.forward_sync_buffers = (forward_sync_buffers if forward_sync_buffers is not None
+                                     else broadcast_buffers is not False)
+        self.broadcast_buffers = self.forward_sync_buffers
+        self.find_unused_parameters = find_unused_parameters
+        self.gradient_as_bucket_view = gradient_as_bucket_view
+        self.static_graph = static_graph
+        self.require_backward_grad_sync = True
+        self.require_forward_param_sync = True
+        parent = _resolve_comm(process_group, world)
+        self.process_group = process_group
+        # Two private communicators: gradient data, and small control messages that
+        # must never be matched against a pending bucket allreduce.
+        self._comm = parent.Dup()
+        self._control = parent.Dup()
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        if not named:
+            raise RuntimeError("DistributedDataParallel got a module with no parameter that "
+                               "requires a gradient; there is nothing to reduce")
+        self._buffers_to_sync = [b for b in module.buffers()]
+        if init_sync:
+            verify_same_parameters(self._control, named)
+            broadcast_tensors(self._control, [p.detach() for _, p in named] +
+                              [b.detach() for b in self._buffers_to_sync],
+                              world.cuda_aware)
+        cap = DEFAULT_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
+        self.bucket_bytes_cap = int(cap * 1024 * 1024)
+        self.reducer = Reducer(named, self._comm, self._control, self.bucket_bytes_cap,
+                               find_unused_parameters, static_graph,
+                               gradient_as_bucket_view, world.cuda_aware)
+
+    @staticmethod
+    def _check_devices(device_ids, output_device):
+        if device_ids and not torch.cuda.is_available():
+            if not _warned_cpu_device_ids:
+                warnings.warn(f"hpcddp.DistributedDataParallel: device_ids={device_ids} "
+                              f"ignored: CUDA is not available, training on the CPU",
+                              stacklevel=3)
+                _warned_cpu_device_ids.append(True)
+            return None, None
+        if device_ids is not None and len(device_ids) != 1:
+            raise ValueError(f"device_ids={device_ids}: give one device per process, as "
+                             f"torch's DDP requires (or None for a multi-device module)")
+        if device_ids:
+            output_device = device_ids[0] if output_device is None else output_device
+        return device_ids, output_device
+
+    def _move_inputs(self, inputs, kwargs):
+        device = torch.device("cuda", torch.device("cuda", self.device_ids[0]).index
+                              if not isinstance(self.device_ids[0], torch.device)
+                              else self.device_ids[0].index)
+
+        def move(obj):
+            if isinstance(obj, torch.Tensor):
+                return obj.to(device, non_blocking=True)
+            if isinstance(obj, (list, tuple)):
+                return type(obj)(move(o) for o in obj)
+            if isinstance(obj, dict):
+                return {k: move(v) for k, v in obj.items()}
+            return obj
+        return move(inputs), move(kwargs)
+
+    def forward(self, *inputs, **kwargs):
+        grad = torch.is_grad_enabled()
+        if grad and self.require_backward_grad_sync:
+            self.reducer.prepare_for_forward()
+        if self.forward_sync_buffers and self._buffers_to_sync and self._comm.size > 1:
+            broadcast_tensors(self._control, [b.detach() for b in self._buffers_to_sync],
+                              self.reducer.cuda_aware)
+        if self.device_ids:
+            inputs, kwargs = self._move_inputs(inputs, kwargs)
+        output = self.module(*inputs, **kwargs)
+        if grad:
+            self.reducer.prepare_for_backward(self.require_backward_grad_sync)
+        return output
+
+    @contextmanager
+    def no_sync(self):
+        """Accumulate gradients locally, with no communication, inside this context.
+
+        The first backward after it reduces the accumulated sum.
+
+        Example::
+
+            with model.no_sync():
+                model(x1).sum().backward()
+            model(x2).sum().backward()   # averages the sum of both gradients
+        """
+        previous = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = previous
+
+    def __getstate__(self):
+        raise TypeError("hpcddp.DistributedDataParallel holds MPI communicators and cannot "
+                        "be pickled; save model.module.state_dict() instead")

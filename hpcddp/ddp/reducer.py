@@ -1,0 +1,249 @@
+"""The reducer: wires autograd hooks to bucketed non-blocking MPI allreduces.
+
+Life of one synchronized backward:
+
+1. A parameter's post-accumulate-grad hook copies its gradient into its bucket (or,
+   with ``gradient_as_bucket_view``, makes ``.grad`` a view of the bucket).
+2. When a bucket's last gradient is in, it is divided by the world size and an
+   ``Iallreduce`` starts, but strictly in bucket order: MPI needs every rank to issue
+   collectives on a communicator in the same order, and gradients become ready in
+   different orders on different ranks (torch's reducer does the same).
+3. Every hook calls ``Test`` on the pending requests: MPI makes no progress while Python
+   computes, and a pending 16 MB allreduce left alone cost its full time at ``Wait``.
+4. At the end of backward (an autograd engine callback) the ranks agree, on a separate
+   control communicator, whether any parameter got no gradient, then wait for every
+   bucket and leave the average in ``.grad``.
+"""
+
+import functools
+from typing import List, Optional, Sequence
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from hpcddp.buffers import mpi_view
+from hpcddp.comm import Handle
+from hpcddp.comm.ops import mpi_op
+from hpcddp.ddp.buckets import FIRST_BUCKET_BYTES, ParamSpec, assign_buckets
+
+__all__ = ["Reducer"]
+
+
+class _Bucket:
+    __slots__ = ("layout", "buffer", "views", "pending", "handle")
+
+    def __init__(self, layout, params):
+        self.layout = layout
+        first = params[layout.params[0]]
+        self.buffer = torch.zeros(layout.numel, dtype=first.dtype, device=first.device)
+        self.views = [self.buffer[o:o + params[i].numel()].view_as(params[i])
+                      for i, o in zip(layout.params, layout.offsets)]
+        self.pending = set()
+        self.handle: Optional[Handle] = None
+
+
+def _is_view_of(grad, view):
+    return grad is not None and grad.data_ptr() == view.data_ptr() and grad.shape == view.shape
+
+
+class Reducer:
+    """Averages the gradients of ``params`` across the ranks of ``comm`` during backward.
+
+    Args:
+        named_params: ``(name, parameter)`` pairs, in registration order.
+        comm: the communicator for gradient data (a private duplicate).
+        control: a second private communicator for small agreement messages, so they
+            can never be matched against a bucket's allreduce.
+        cap_bytes: the bucket size cap.
+        find_unused_parameters, static_graph, gradient_as_bucket_view, cuda_aware: as
+            for ``DistributedDataParallel``.
+    """
+
+    def __init__(self, named_params, comm, control, cap_bytes, find_unused_parameters=False,
+                 static_graph=False, gradient_as_bucket_view=False, cuda_aware=False):
+        self.names = [name for name, _ in named_params]
+        self.params = [param for _, param in named_params]
+        self.comm, self.control = comm, control
+        self.cap_bytes = cap_bytes
+        self.find_unused = find_unused_parameters
+        self.as_view = gradient_as_bucket_view
+        self.cuda_aware = cuda_aware
+        self.specs = [ParamSpec(p.numel(), p.element_size(), str(p.dtype), str(p.device))
+                      for p in self.params]
+        self.collectives = 0  # Iallreduce calls issued, for inspection
+        self.trace: Optional[List[tuple]] = None  # set to [] to record hook/launch events
+        self._can_rebuild = static_graph or not find_unused_parameters
+        self._ready_order: Optional[List[int]] = [] if self._can_rebuild else None
+        self._rebuild_order: Optional[List[int]] = None
+        self._armed = self._sync = self._callback_queued = False
+        self._used = np.zeros(len(self.params), dtype=np.uint8)
+        self._build(list(reversed(range(len(self.params)))))
+        self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, i))
+                       for i, p in enumerate(self.params)]
+
+    # -- layout ------------------------------------------------------------------------
+
+    def _build(self, order: Sequence[int]) -> None:
+        layouts = assign_buckets(self.specs, order, self.cap_bytes,
+                                 min(FIRST_BUCKET_BYTES, self.cap_bytes))
+        self.buckets = [_Bucket(layout, self.params) for layout in layouts]
+        self._where = {}
+        for b, bucket in enumerate(self.buckets):
+            for k, index in enumerate(bucket.layout.params):
+                self._where[index] = (b, k)
+                param = self.params[index]
+                if self.as_view and param.grad is not None:
+                    bucket.views[k].copy_(param.grad)
+                    param.grad = bucket.views[k]
+
+    @property
+    def layouts(self):
+        """The bucket layouts, in launch order."""
+        return [bucket.layout for bucket in self.buckets]
+
+    def bucket_order(self) -> List[int]:
+        """Parameter indices in bucket order (what a rebuild or a resume reproduces)."""
+        return [i for layout in self.layouts for i in layout.params]
+
+    def rebuild(self, order: Sequence[int]) -> None:
+        """Lay the buckets out again for ``order``, e.g. one saved in a checkpoint."""
+        self._build(list(order))
+        self._ready_order = None
+
+    def prepare_for_forward(self) -> None:
+        """Rebuild the buckets once, after the first iteration, in the observed order.
+
+        Rank 0's order is broadcast so every rank has the same layout.
+
+        .. warning:: Collective on the first forward after the first backward.
+        """
+        if self._rebuild_order is None:
+            return
+        observed, self._rebuild_order = self._rebuild_order, None
+        order = self.control.bcast(observed, root=0)
+        seen = set(order)
+        order = order + [i for i in reversed(range(len(self.params))) if i not in seen]
+        self.rebuild(order)
+
+    def prepare_for_backward(self, sync: bool) -> None:
+        """Arm the hooks for the backward that follows this forward."""
+        self._armed, self._sync, self._callback_queued = True, sync, False
+        if not sync:
+            return
+        self._used[:] = 0
+        self._next = 0
+        for bucket in self.buckets:
+            bucket.pending = set(bucket.layout.params)
+            bucket.handle = None
+
+    # -- backward ----------------------------------------------------------------------
+
+    def _on_grad(self, index: int, param: torch.Tensor) -> None:
+        if not (self._armed and self._sync):
+            return  # no_sync: gradients accumulate locally, nothing is communicated
+        if not self._callback_queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
+            self._callback_queued = True
+        if self._used[index]:
+            return
+        self._used[index] = 1
+        if self._ready_order is not None:
+            self._ready_order.append(index)
+        b, k = self._where[index]
+        bucket = self.buckets[b]
+        view = bucket.views[k]
+        if not _is_view_of(param.grad, view):
+            view.copy_(param.grad)
+            if self.as_view:
+                param.grad = view
+        bucket.pending.discard(index)
+        if self.trace is not None:
+            self.trace.append(("hook", index))
+        self._launch_ready()
+        self.progress()
+
+    def _launch_ready(self) -> None:
+        while self._next < len(self.buckets) and not self.buckets[self._next].pending:
+            self._launch(self.buckets[self._next])
+            if self.trace is not None:
+                self.trace.append(("launch", self._next))
+            self._next += 1
+
+    def _launch(self, bucket: _Bucket) -> None:
+        # Divide first, as torch does: an fp16 sum over many ranks overflows otherwise.
+        bucket.buffer.div_(self.comm.size)
+        view = mpi_view(bucket.buffer, self.cuda_aware)
+        request = self.comm.Iallreduce(MPI.IN_PLACE, view.buf, op=mpi_op("sum", view.kind))
+        bucket.handle = Handle([request], keep=[view.buf], on_complete=view.finish)
+        self.collectives += 1
+
+    def progress(self) -> None:
+        """Let MPI advance the pending allreduces (``Test`` on each)."""
+        for bucket in self.buckets[:self._next]:
+            if not bucket.handle.done:
+                bucket.handle.test()
+
+    def _finalize(self) -> None:
+        self._armed = False
+        missing = [i for i in range(len(self.params)) if not self._used[i]]
+        if self.find_unused:
+            for i in missing:
+                b, k = self._where[i]
+                self.buckets[b].views[k].zero_()
+                self.buckets[b].pending.discard(i)
+            self._launch_ready()
+            used = self.control.allreduce(self._used, op=MPI.MAX)
+            self._wait_and_copy(globally_used=used)
+            self._schedule_rebuild()
+            return
+        # Without find_unused_parameters, a rank that missed a gradient never launches
+        # that bucket; the others would wait on it forever. Agree first.
+        anyone_missing = self.control.allreduce(int(bool(missing)), op=MPI.MAX)
+        if anyone_missing:
+            self._drain(missing)
+            self._raise_unused(missing)
+        self._wait_and_copy(globally_used=None)
+        self._schedule_rebuild()
+
+    def _schedule_rebuild(self) -> None:
+        if self._ready_order is not None:
+            self._rebuild_order, self._ready_order = self._ready_order, None
+
+    def _wait_and_copy(self, globally_used) -> None:
+        for bucket in self.buckets:
+            bucket.handle.wait()
+            for index, view in zip(bucket.layout.params, bucket.views):
+                param = self.params[index]
+                if globally_used is not None and not globally_used[index]:
+                    continue  # unused on every rank: .grad stays as it was (None)
+                if param.grad is None:
+                    param.grad = view if self.as_view else view.clone()
+                elif not _is_view_of(param.grad, view):
+                    param.grad.copy_(view)
+
+    def _drain(self, missing) -> None:
+        """Launch and complete every bucket so no request is left unmatched."""
+        for i in missing:
+            self.buckets[self._where[i][0]].pending.discard(i)
+        self._launch_ready()
+        for bucket in self.buckets:
+            bucket.handle.wait()
+
+    def _raise_unused(self, missing) -> None:
+        everyone = self.control.allgather(missing)
+        names = {}
+        for rank, indices in enumerate(everyone):
+            for i in indices:
+                names.setdefault(self.names[i], []).append(rank)
+        listed = "; ".join(f"{name} (ranks {','.join(map(str, ranks))})"
+                           for name, ranks in names.items())
+        raise RuntimeError(
+            f"hpcddp.DistributedDataParallel: parameters got no gradient in this backward: "
+            f"{listed}. Pass find_unused_parameters=True if some parameters are not used in "
+            f"every iteration, or make sure every parameter takes part in the loss.")
+
+    def remove_hooks(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
