@@ -193,7 +193,8 @@ class Reducer:
                 self.buckets[b].views[k].zero_()
                 self.buckets[b].pending.discard(i)
             self._launch_ready()
-            used = self.control.allreduce(self._used, op=MPI.MAX)
+            used = np.empty_like(self._used)
+            self.control.Allreduce(self._used, used, op=MPI.MAX)
             self._wait_and_copy(globally_used=used)
             self._schedule_rebuild()
             return
