@@ -1,0 +1,129 @@
+"""Properties a hollow DDP cannot fake: no traffic in no_sync, views, overlap, layouts,
+and errors raised on every rank instead of hangs."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from mpi4py import MPI
+from torch import nn
+
+import hpcddp
+from ddp_models import MLP, SometimesUnused, global_batch, share
+
+
+@pytest.fixture(scope="module")
+def world():
+    return hpcddp.init()
+
+
+def _backward(ddp, world, step=0):
+    x, y = global_batch(step, world.size)
+    F.mse_loss(ddp(share(x, world.rank)), share(y, world.rank)).backward()
+
+
+def test_no_sync_issues_no_collective_and_keeps_local_gradients(world):
+    ddp = hpcddp.DistributedDataParallel(MLP())
+    before = ddp.reducer.collectives
+    # Ranks run different numbers of local backward passes: any collective inside
+    # no_sync would be unmatched across ranks.
+    with ddp.no_sync():
+        for step in range(1 + world.rank % 2):
+            _backward(ddp, world, step)
+    assert ddp.reducer.collectives == before
+    grads = torch.cat([p.grad.reshape(-1) for p in ddp.parameters()])
+    everyone = world.comm.allgather(grads)
+    if world.size > 1:
+        assert not torch.equal(everyone[0], everyone[1])
+    _backward(ddp, world, 5)
+    assert ddp.reducer.collectives == before + len(ddp.reducer.buckets)
+    grads = torch.cat([p.grad.reshape(-1) for p in ddp.parameters()])
+    assert all(torch.equal(grads, g) for g in world.comm.allgather(grads))
+
+
+def test_require_backward_grad_sync_is_writable(world):
+    ddp = hpcddp.DistributedDataParallel(MLP())
+    ddp.require_backward_grad_sync = False
+    _backward(ddp, world)
+    assert ddp.reducer.collectives == 0
+    ddp.require_backward_grad_sync = True
+    _backward(ddp, world, 1)
+    assert ddp.reducer.collectives == len(ddp.reducer.buckets)
+
+
+def test_gradient_as_bucket_view_survives_set_to_none(world):
+    ddp = hpcddp.DistributedDataParallel(MLP(), gradient_as_bucket_view=True, bucket_cap_mb=0.001)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(2):
+        opt.zero_grad()  # set_to_none
+        _backward(ddp, world, step)
+        opt.step()
+    storages = {b.buffer.untyped_storage().data_ptr(): b.buffer for b in ddp.reducer.buckets}
+    for p in ddp.parameters():
+        base = p.grad.untyped_storage().data_ptr()
+        assert base in storages, "a .grad does not live in a bucket buffer"
+
+
+def test_first_allreduce_starts_before_the_last_hook(world):
+    ddp = hpcddp.DistributedDataParallel(MLP(width=64, depth=4), bucket_cap_mb=0.01)
+    ddp.reducer.trace = []
+    _backward(ddp, world)
+    trace = ddp.reducer.trace
+    first_launch = trace.index(("launch", 0))
+    last_hook = max(i for i, event in enumerate(trace) if event[0] == "hook")
+    assert len(ddp.reducer.buckets) > 2 and first_launch < last_hook
+
+
+def test_bucket_layout_rebuilt_identically_on_every_rank(world):
+    ddp = hpcddp.DistributedDataParallel(MLP(width=64, depth=4), bucket_cap_mb=0.01)
+    _backward(ddp, world)
+    _backward(ddp, world, 1)  # the forward of iteration 2 rebuilds
+    layouts = [tuple(layout.params) for layout in ddp.reducer.layouts]
+    assert all(other == layouts for other in world.comm.allgather(layouts))
+
+
+def test_parameter_mismatch_is_named_on_every_rank(world):
+    if world.size == 1:
+        pytest.skip("needs two ranks")
+    width = 16 if world.rank != world.size - 1 else 17
+    with pytest.raises(RuntimeError) as info:
+        hpcddp.DistributedDataParallel(MLP(width=width))
+    message = str(info.value)
+    assert "body.0.weight" in message and f"ranks {world.size - 1}" in message
+
+
+def test_unused_parameter_without_flag_errors_on_every_rank(world):
+    ddp = hpcddp.DistributedDataParallel(SometimesUnused(world.rank))
+    x, y = global_batch(0, world.size)
+    with pytest.raises(RuntimeError, match=r"never\.weight.*find_unused_parameters=True"):
+        F.mse_loss(ddp(share(x, world.rank)), share(y, world.rank)).backward()
+    # The job is still usable: a following collective matches on every rank.
+    assert world.comm.allreduce(1) == world.size
+
+
+def test_unsupported_arguments_are_refused(world):
+    with pytest.raises(NotImplementedError, match="mixed_precision"):
+        hpcddp.DistributedDataParallel(MLP(), mixed_precision=object())
+
+
+def test_cuda_device_ids_on_a_cpu_machine_warn_once(world):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA; the CPU fallback is not exercised")
+    with pytest.warns(UserWarning, match="device_ids=\\[0\\] ignored"):
+        ddp = hpcddp.DistributedDataParallel(MLP(), device_ids=[0], output_device=0)
+    _backward(ddp, world)
+    assert ddp.device_ids is None
+
+
+def test_process_group_can_be_a_communicator_or_torch_group(world):
+    import torch.distributed as dist
+    for group in (MPI.COMM_WORLD, dist.group.WORLD):
+        ddp = hpcddp.DistributedDataParallel(nn.Linear(8, 3), process_group=group)
+        _backward(ddp, world)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="a module spread over several "
+                    "devices needs two GPUs; this machine has fewer")
+def test_multi_device_module(world):
+    model = nn.Sequential(nn.Linear(8, 8).to("cuda:0"), nn.Linear(8, 3).to("cuda:1"))
+    ddp = hpcddp.DistributedDataParallel(model)
+    ddp(torch.randn(4, 8, device="cuda:0")).sum().backward()
