@@ -10,6 +10,7 @@ from torch import nn
 from hpcddp.ddp.buckets import DEFAULT_CAP_MB
 from hpcddp.ddp.reducer import Reducer
 from hpcddp.ddp.sync import broadcast_tensors, verify_same_parameters
+from hpcddp.env import get_setting
 
 __all__ = ["DistributedDataParallel"]
 
@@ -121,7 +122,8 @@ class DistributedDataParallel(nn.Module):
         self.bucket_bytes_cap = int(cap * 1024 * 1024)
         self.reducer = Reducer(named, self._comm, self._control, self.bucket_bytes_cap,
                                find_unused_parameters, static_graph,
-                               gradient_as_bucket_view, world.cuda_aware)
+                               gradient_as_bucket_view, world.cuda_aware,
+                               progress_thread=get_setting("PROGRESS_THREAD"))
 
     @staticmethod
     def _check_devices(device_ids, output_device):

@@ -16,6 +16,7 @@ Life of one synchronized backward:
 """
 
 import functools
+import threading
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -28,6 +29,29 @@ from hpcddp.comm.ops import mpi_op
 from hpcddp.ddp.buckets import FIRST_BUCKET_BYTES, ParamSpec, assign_buckets
 
 __all__ = ["Reducer"]
+
+
+class _ProgressPump:
+    """A helper thread that enters MPI's progress engine about every millisecond.
+
+    It touches no request (two threads completing one request would race); an
+    ``Iprobe`` on the gradient communicator, which carries no point-to-point traffic,
+    is enough for MPICH and Open MPI to advance every pending operation.
+    """
+
+    def __init__(self, comm, interval=1e-3):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(comm, interval),
+                                        name="hpcddp-progress", daemon=True)
+        self._thread.start()
+
+    def _run(self, comm, interval):
+        while not self._stop.wait(interval):
+            comm.Iprobe()
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
 
 
 class _Bucket:
@@ -61,7 +85,8 @@ class Reducer:
     """
 
     def __init__(self, named_params, comm, control, cap_bytes, find_unused_parameters=False,
-                 static_graph=False, gradient_as_bucket_view=False, cuda_aware=False):
+                 static_graph=False, gradient_as_bucket_view=False, cuda_aware=False,
+                 progress_thread=False):
         self.names = [name for name, _ in named_params]
         self.params = [param for _, param in named_params]
         self.comm, self.control = comm, control
@@ -69,6 +94,8 @@ class Reducer:
         self.find_unused = find_unused_parameters
         self.as_view = gradient_as_bucket_view
         self.cuda_aware = cuda_aware
+        self.progress_thread = progress_thread
+        self._pump: Optional[_ProgressPump] = None
         self.specs = [ParamSpec(p.numel(), p.element_size(), str(p.dtype), str(p.device))
                       for p in self.params]
         self.collectives = 0  # Iallreduce calls issued, for inspection
@@ -170,13 +197,21 @@ class Reducer:
                 self.trace.append(("launch", self._next))
             self._next += 1
 
+    def _divide_first(self, bucket: _Bucket) -> bool:
+        # 16-bit sums over many ranks overflow, so those divide before the sum (as torch
+        # always does). Wider types divide afterwards, fused into the copy back to .grad,
+        # which saves one pass over the gradients.
+        return self.as_view or bucket.buffer.element_size() < 4
+
     def _launch(self, bucket: _Bucket) -> None:
-        # Divide first, as torch does: an fp16 sum over many ranks overflows otherwise.
-        bucket.buffer.div_(self.comm.size)
+        if self._divide_first(bucket):
+            bucket.buffer.div_(self.comm.size)
         view = mpi_view(bucket.buffer, self.cuda_aware)
         request = self.comm.Iallreduce(MPI.IN_PLACE, view.buf, op=mpi_op("sum", view.kind))
         bucket.handle = Handle([request], keep=[view.buf], on_complete=view.finish)
         self.collectives += 1
+        if self.progress_thread and self._pump is None:
+            self._pump = _ProgressPump(self.comm)
 
     def progress(self) -> None:
         """Let MPI advance the pending allreduces (``Test`` on each)."""
@@ -186,6 +221,9 @@ class Reducer:
 
     def _finalize(self) -> None:
         self._armed = False
+        if self._pump is not None:
+            self._pump.stop()
+            self._pump = None
         missing = [i for i in range(len(self.params)) if not self._used[i]]
         if self.find_unused:
             for i in missing:
@@ -212,16 +250,21 @@ class Reducer:
             self._rebuild_order, self._ready_order = self._ready_order, None
 
     def _wait_and_copy(self, globally_used) -> None:
+        size = self.comm.size
         for bucket in self.buckets:
             bucket.handle.wait()
+            divided = self._divide_first(bucket)
             for index, view in zip(bucket.layout.params, bucket.views):
                 param = self.params[index]
                 if globally_used is not None and not globally_used[index]:
                     continue  # unused on every rank: .grad stays as it was (None)
                 if param.grad is None:
-                    param.grad = view if self.as_view else view.clone()
+                    param.grad = view if self.as_view else view / size
                 elif not _is_view_of(param.grad, view):
-                    param.grad.copy_(view)
+                    if divided:
+                        param.grad.copy_(view)
+                    else:
+                        torch.div(view, size, out=param.grad)
 
     def _drain(self, missing) -> None:
         """Launch and complete every bucket so no request is left unmatched."""

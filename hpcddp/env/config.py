@@ -37,6 +37,10 @@ _SETTINGS = {
         "int", 0,
         "torch intra-op threads per rank; 0 means the cores available to this rank "
         "divided among the local ranks that share them."),
+    "PROGRESS_THREAD": _Setting(
+        "bool", False,
+        "During backward, a helper thread enters MPI's progress engine about every "
+        "millisecond, in addition to the Test calls made at every gradient hook."),
     "TORCH_GROUP": _Setting(
         "bool", True,
         "hpcddp.init() initializes torch.distributed's default group on MPI unless one "

@@ -1,0 +1,149 @@
+"""hpcddp.DistributedDataParallel against torch's DDP on gloo, no communication, and one
+raw MPI allreduce of all gradient bytes; interleaved in one job.
+
+Run: ``mpiexec -n 2 python benchmarks/bench_ddp.py`` (1 torch thread per rank).
+"""
+
+import argparse
+import copy
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from mpi4py import MPI
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+import hpcddp
+from common import median_ms, timed, write
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "mpi"))
+from gloo_group import make_gloo_group  # noqa: E402
+
+
+class ToyModel(nn.Module):
+    """The CIFAR-10 model of the DDP tutorials."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.pool = nn.Conv2d(3, 6, 5), nn.MaxPool2d(2, 2)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1, self.fc2, self.fc3 = nn.Linear(400, 120), nn.Linear(120, 84), nn.Linear(84, 10)
+
+    def forward(self, x):
+        x = self.pool(F.relu(self.conv1(x)))
+        x = self.pool(F.relu(self.conv2(x))).flatten(1)
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+def mlp():
+    layers = []
+    for _ in range(6):
+        layers += [nn.Linear(1024, 1024), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+MODELS = {
+    "mlp": (mlp, lambda: (torch.randn(64, 1024), torch.randn(64, 1024))),
+    "toy_cifar": (ToyModel, lambda: (torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,)))),
+}
+
+
+def _loss(out, y):
+    return F.cross_entropy(out, y) if y.dtype == torch.long else F.mse_loss(out, y)
+
+
+def _stepper(model):
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+
+    def step(x, y):
+        opt.zero_grad()
+        _loss(model(x), y).backward()
+        opt.step()
+    return step
+
+
+def gradient_memory(ddp):
+    """Bytes held for gradients: bucket buffers plus .grad tensors living outside them."""
+    buckets = {b.buffer.untyped_storage().data_ptr(): b.buffer.untyped_storage().nbytes()
+               for b in ddp.reducer.buckets}
+    outside = {p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes()
+               for p in ddp.parameters() if p.grad is not None}
+    outside = {k: v for k, v in outside.items() if k not in buckets}
+    return sum(buckets.values()) + sum(outside.values())
+
+
+def bench_model(name, world, gloo, steps, caps):
+    make, data = MODELS[name]
+    torch.manual_seed(0)
+    base = make()
+    grad_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
+    flat = np.ones(grad_bytes // 4, dtype=np.float32)
+    variants = {
+        "torch_ddp_gloo": _stepper(TorchDDP(copy.deepcopy(base), process_group=gloo,
+                                            bucket_cap_mb=25)),
+        "no_communication": _stepper(copy.deepcopy(base)),
+    }
+    plain = hpcddp.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=25)
+    viewed = hpcddp.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=25,
+                                            gradient_as_bucket_view=True)
+    variants["hpcddp"] = _stepper(plain)
+    variants["hpcddp_bucket_view"] = _stepper(viewed)
+    for cap in caps:
+        variants[f"hpcddp_cap{cap:g}"] = _stepper(
+            hpcddp.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap))
+    threaded = hpcddp.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=25)
+    threaded.reducer.progress_thread = True
+    variants["hpcddp_progress_thread"] = _stepper(threaded)
+    samples = {k: [] for k in variants}
+    samples["raw_allreduce"] = []
+    x, y = data()
+    for fn in variants.values():
+        for _ in range(3):
+            fn(x, y)  # warm-up, includes the bucket rebuild
+    for _ in range(steps):
+        for key, fn in variants.items():
+            samples[key].append(timed(world.comm, lambda: fn(x, y)))
+        samples["raw_allreduce"].append(
+            timed(world.comm, lambda: world.comm.Allreduce(MPI.IN_PLACE, flat)))
+    ms = {k: median_ms(v) for k, v in samples.items()}
+    memory = {"hpcddp": gradient_memory(plain), "hpcddp_bucket_view": gradient_memory(viewed)}
+    exposed = {k: ms[k] - ms["no_communication"] for k in ms if k.startswith(("hpcddp", "torch"))}
+    result = {
+        "model": name, "grad_bytes": grad_bytes, "step_ms": ms, "exposed_comm_ms": exposed,
+        "gradient_memory_bytes": memory,
+        "hpcddp_vs_torch_ddp": ms["hpcddp"] / ms["torch_ddp_gloo"],
+        "hpcddp_exposed_vs_raw_allreduce": exposed["hpcddp"] / ms["raw_allreduce"],
+    }
+    if world.is_main:
+        print(f"\n{name}: {grad_bytes / 2**20:.1f} MiB of gradients, median of {steps} steps")
+        for key in ms:
+            extra = f"  exposed {exposed[key]:7.2f} ms" if key in exposed else ""
+            print(f"  {key:24} {ms[key]:8.2f} ms{extra}")
+        print(f"  gradient memory: {memory['hpcddp'] / 2**20:.1f} MiB, with "
+              f"gradient_as_bucket_view {memory['hpcddp_bucket_view'] / 2**20:.1f} MiB")
+        print(f"  hpcddp / torch DDP: {result['hpcddp_vs_torch_ddp']:.2f}   "
+              f"hpcddp exposed / raw allreduce: {result['hpcddp_exposed_vs_raw_allreduce']:.2f}",
+              flush=True)
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--models", default="mlp,toy_cifar")
+    args = parser.parse_args()
+    world = hpcddp.init()
+    gloo, _backend, _store = make_gloo_group(world)
+    results = [bench_model(m, world, gloo, args.steps, caps=(1, 5, 100))
+               for m in args.models.split(",")]
+    path = write("ddp", {"benchmark": "DDP training step", "steps": args.steps,
+                         "threads_per_rank": torch.get_num_threads(), "results": results}, world)
+    if path:
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
