@@ -12,7 +12,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import hpcddp
-from common import gloo_group, median_ms, timed, write
+from common import make_gloo_group, median_ms, timed, write
 
 
 def main():
@@ -20,7 +20,7 @@ def main():
     parser.add_argument("--iters", type=int, default=30)
     args = parser.parse_args()
     world = hpcddp.init()
-    gloo = gloo_group(world)
+    _group, gloo, _store = make_gloo_group(world)
     rows = []
     for nbytes in (4 << 10, 256 << 10, 4 << 20, 32 << 20):
         tensor = torch.ones(nbytes // 4)

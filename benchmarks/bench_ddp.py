@@ -6,8 +6,6 @@ Run: ``mpiexec -n 2 python benchmarks/bench_ddp.py`` (1 torch thread per rank).
 
 import argparse
 import copy
-import os
-import sys
 
 import numpy as np
 import torch
@@ -17,10 +15,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import hpcddp
-from common import median_ms, timed, write
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "mpi"))
-from gloo_group import make_gloo_group  # noqa: E402
+from common import make_gloo_group, median_ms, timed, write
 
 
 class ToyModel(nn.Module):

@@ -1,31 +1,21 @@
-"""Shared benchmark plumbing: a gloo group beside hpcddp's, timing, JSON output."""
+"""Shared benchmark plumbing: timing, JSON output, and the gloo reference group."""
 
 import json
 import platform
 import socket
+import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from mpi4py import MPI
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-
-def gloo_group(world):
-    """torch's gloo group on loopback TCP, rank and size from MPI (the peer we compare)."""
-    port = None
-    if world.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = world.comm.bcast(port, root=0)
-    store = dist.TCPStore("127.0.0.1", port, world.size, world.rank == 0,
-                          timeout=timedelta(seconds=60))
-    return dist.ProcessGroupGloo(store, world.rank, world.size, timedelta(seconds=60))
+# The gloo group the tests compare against is the peer the benchmarks measure.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "mpi"))
+from gloo_group import make_gloo_group  # noqa: E402,F401
 
 
 def timed(comm, fn):

@@ -14,21 +14,8 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import hpcddp
 from ddp_models import ConvBN, SometimesUnused, global_batch, share
-from gloo_group import make_gloo_group
 
 TOL = dict(rtol=1e-5, atol=1e-6)
-
-
-@pytest.fixture(scope="module")
-def world():
-    return hpcddp.init()
-
-
-@pytest.fixture(scope="module")
-def gloo(world):
-    group, backend, store = make_gloo_group(world)
-    yield group
-    del group, backend, store
 
 
 def _step_both(ours, theirs, opts, x, y):

@@ -1,8 +1,5 @@
 """The MPI-backed torch.distributed group against gloo, run in the same job."""
 
-import socket
-from datetime import timedelta
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -11,25 +8,6 @@ from mpi4py import MPI
 import hpcddp
 
 FLOAT_TOL = dict(rtol=1e-6, atol=1e-6)
-
-
-@pytest.fixture(scope="module")
-def world():
-    return hpcddp.init()
-
-
-@pytest.fixture(scope="module")
-def gloo(world):
-    """A gloo process group over TCP on loopback, built beside hpcddp's default group."""
-    port = None
-    if world.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = MPI.COMM_WORLD.bcast(port, root=0)
-    store = dist.TCPStore("127.0.0.1", port, world.size, world.rank == 0,
-                          timeout=timedelta(seconds=60))
-    return dist.ProcessGroupGloo(store, world.rank, world.size, timedelta(seconds=60))
 
 
 def _data(world, shape=(5, 3), dtype=torch.float32, salt=0):
