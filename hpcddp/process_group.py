@@ -8,6 +8,7 @@ own ``DistributedSampler`` work after ``hpcddp.init()`` with no TCP store and no
 """
 
 from datetime import timedelta
+from itertools import accumulate
 from typing import List
 
 import torch
@@ -332,11 +333,7 @@ def _unflatten(flat, outputs):
 
 
 def _displs(counts):
-    displs, total = [], 0
-    for count in counts:
-        displs.append(total)
-        total += count
-    return displs
+    return [0] + list(accumulate(counts))[:-1]
 
 
 def _counts(tensor, split_sizes, size):
