@@ -68,20 +68,8 @@ class _Work(dist._Work):
 class _RecvWork(_Work):
     """A receive from any source, which can tell where the message came from."""
 
-    def __init__(self, handle, result, status, request):
-        super().__init__([handle], result)
-        self._status, self._request = status, request
-
-    def wait(self, timeout=timedelta(0)):
-        if not self._handles[0].done:
-            # Waitall in the handle would drop the status; wait here to keep it.
-            self._request.Wait(self._status)
-            self._handles[0]._finish()
-        return super().wait(timeout)
-
     def _source_rank(self):
-        self.wait()
-        return self._status.Get_source()
+        return self._handles[0].source()
 
 
 class MPIProcessGroup(dist.ProcessGroup):
@@ -201,7 +189,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         for outputs, tensor in zip(output_tensors, input_tensors):
             gathered = tensor.new_empty((self.comm.size,) + tuple(tensor.shape))
             handle = self._allgather_one(gathered, tensor)
-            handles.append(_chain(handle, lambda o=outputs, g=gathered: _unstack(g, o)))
+            handles.append(handle.then(lambda o=outputs, g=gathered: _unstack(g, o)))
         return _Work(handles, [t for outs in output_tensors for t in outs])
 
     def _allgather_base(self, output, input, opts=None):
@@ -216,9 +204,7 @@ class MPIProcessGroup(dist.ProcessGroup):
 
         def request(view, op):
             return self.comm.Ireduce_scatter_block(src.buf, view.buf, op=op)
-        handle = self._reduced(output, opts, request)
-        handle._keep += (src.buf,)
-        return handle
+        return self._reduced(output, opts, request).keep_alive(src.buf)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.ReduceScatterOptions()
@@ -294,10 +280,9 @@ class MPIProcessGroup(dist.ProcessGroup):
 
     def recv_anysource(self, tensors, tag):
         view = self._view(tensors[0])
-        status = MPI.Status()
         request = self.comm.Irecv(view.buf, source=MPI.ANY_SOURCE, tag=tag)
-        handle = Handle([request], keep=[view.buf], on_complete=view.finish)
-        return _RecvWork(handle, list(tensors), status, request)
+        handle = Handle([request], keep=[view.buf], on_complete=view.finish, statuses=True)
+        return _RecvWork([handle], list(tensors))
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
         return self.allgather(output_lists, input_tensors, opts)
@@ -308,16 +293,6 @@ class MPIProcessGroup(dist.ProcessGroup):
     reduce_scatter_single = _reduce_scatter_base
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
     all_to_all_single = alltoall_base
-
-
-def _chain(handle, after):
-    previous = handle._on_complete
-
-    def complete():
-        previous()
-        after()
-    handle._on_complete = complete
-    return handle
 
 
 def _unstack(stacked, outputs):

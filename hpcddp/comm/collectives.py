@@ -27,20 +27,34 @@ class Handle:
         handle.wait()  # buf now holds the sum
     """
 
-    __slots__ = ("_requests", "_keep", "_on_complete", "_done")
+    __slots__ = ("_requests", "_keep", "_callbacks", "_done", "_statuses")
 
     def __init__(self, requests: Sequence["MPI.Request"], keep: Iterable = (),
-                 on_complete: Optional[Callable[[], None]] = None):
+                 on_complete: Optional[Callable[[], None]] = None, statuses: bool = False):
         self._requests = list(requests)
-        self._keep = tuple(keep)
-        self._on_complete = on_complete
+        self._keep = list(keep)
+        self._callbacks = [] if on_complete is None else [on_complete]
         self._done = False
+        self._statuses = [MPI.Status() for _ in self._requests] if statuses else None
+
+    def keep_alive(self, *objects) -> "Handle":
+        """Hold ``objects`` (more buffers) until the operation completes."""
+        if not self._done:
+            self._keep.extend(objects)
+        return self
+
+    def then(self, callback: Callable[[], None]) -> "Handle":
+        """Run ``callback`` after completion, after the callbacks given before it."""
+        if self._done:
+            callback()
+        else:
+            self._callbacks.append(callback)
+        return self
 
     def _finish(self):
         self._done = True
-        callback, self._on_complete = self._on_complete, None
-        self._keep = ()
-        if callback is not None:
+        callbacks, self._callbacks, self._keep = self._callbacks, [], []
+        for callback in callbacks:
             callback()
 
     def test(self) -> bool:
@@ -49,7 +63,7 @@ class Handle:
         MPI makes no progress on a pending request while Python computes, so calling
         ``test()`` often is what lets communication overlap with computation.
         """
-        if not self._done and MPI.Request.Testall(self._requests):
+        if not self._done and MPI.Request.Testall(self._requests, self._statuses):
             self._finish()
         return self._done
 
@@ -60,8 +74,15 @@ class Handle:
            has contributed.
         """
         if not self._done:
-            MPI.Request.Waitall(self._requests)
+            MPI.Request.Waitall(self._requests, self._statuses)
             self._finish()
+
+    def source(self, index: int = 0) -> int:
+        """The sender of request ``index`` (a receive), once complete; needs ``statuses=True``."""
+        if self._statuses is None:
+            raise ValueError("create the Handle with statuses=True to ask for the source")
+        self.wait()
+        return self._statuses[index].Get_source()
 
     @property
     def done(self) -> bool:
