@@ -142,9 +142,9 @@ class DistributedDataParallel(nn.Module):
         return device_ids, output_device
 
     def _move_inputs(self, inputs, kwargs):
-        device = torch.device("cuda", torch.device("cuda", self.device_ids[0]).index
-                              if not isinstance(self.device_ids[0], torch.device)
-                              else self.device_ids[0].index)
+        first = self.device_ids[0]
+        device = torch.device(first) if isinstance(first, (str, torch.device)) \
+            else torch.device("cuda", first)
 
         def move(obj):
             if isinstance(obj, torch.Tensor):
