@@ -1,0 +1,237 @@
+"""``ShardedLoader``: this rank's batches of an HDF5 file, read ahead in the background.
+
+Each rank's sample sequence is ``hpcddp.DistributedSampler``'s, cut into batches of
+``batch_size`` with the last partial batch kept, so the batches equal those of
+``DataLoader(H5Dataset, batch_size, sampler=DistributedSampler(...))``, only read a
+batch at a time instead of a sample at a time.
+"""
+
+import logging
+import math
+import queue
+import threading
+import warnings
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from hpcddp.data.dataset import H5Dataset, as_tensor
+from hpcddp.data.h5file import inspect_file
+from hpcddp.data.readers import BACKENDS, choose_backend
+from hpcddp.data.sampler import chunked_order, global_order, per_rank_count, rank_indices
+
+__all__ = ["ShardedLoader"]
+
+log = logging.getLogger("hpcddp.data")
+_STATE_VERSION = 1
+
+
+def _inspect_on_root(comm, path, keys, locking):
+    """Rank 0 inspects the file; every rank gets the result or raises the same error."""
+    result = None
+    if comm.rank == 0:
+        try:
+            result = inspect_file(path, keys, locking)
+        except (OSError, ValueError) as error:
+            result = error
+    result = comm.bcast(result, root=0)
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+class ShardedLoader:
+    """Iterate this rank's batches of an HDF5 file: a global shuffle, read in parallel.
+
+    Args:
+        path_or_dataset: an HDF5 path, or an ``H5Dataset`` (its path and keys are used).
+        keys: dataset names; None means every top-level dataset (or the dataset's keys).
+        batch_size: samples per batch; the last partial batch is kept.
+        shuffle, seed, drop_last, exact: as for ``hpcddp.DistributedSampler``.
+        device: where batches go; on CUDA they are pinned and copied with
+            ``non_blocking=True``.
+        prefetch: batches read ahead by a background thread; 0 reads in the caller.
+        backend: ``"auto"``, ``"memmap"``, ``"h5py"`` or ``"mpio"``; ``self.backend``
+            says which one reads.
+        chunk_shuffle: for chunked or compressed files: shuffle whole chunks, then
+            samples within a few chunks (not torch's order; every rank still agrees).
+        chunk_window: chunks mixed together by ``chunk_shuffle``.
+        locking: keep HDF5 file locking on.
+        comm: an mpi4py communicator; the hpcddp world's by default.
+
+    Example::
+
+        loader = ShardedLoader("train.h5", ["x", "y"], batch_size=64, device=world.device)
+        for epoch in range(start_epoch, epochs):
+            loader.set_epoch(epoch)
+            for x, y in loader:
+                ...
+        state = loader.state_dict()   # resumes with exactly the next batch
+
+    .. warning:: Construction is collective over ``comm``.
+    """
+
+    def __init__(self, path_or_dataset, keys: Optional[Sequence[str]] = None,
+                 batch_size: int = 1, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = False, exact: bool = False, device=None, prefetch: int = 2,
+                 backend: str = "auto", chunk_shuffle: bool = False, chunk_window: int = 8,
+                 locking: bool = False, comm=None):
+        if comm is None:
+            from hpcddp.world import get_world
+            comm = get_world().comm
+        if isinstance(path_or_dataset, H5Dataset):
+            keys = path_or_dataset.keys if keys is None else keys
+            path_or_dataset = path_or_dataset.path
+        if int(batch_size) < 1 or int(prefetch) < 0:
+            raise ValueError(f"batch_size={batch_size} must be >= 1 and prefetch={prefetch} "
+                             f">= 0")
+        self.path, self.comm = str(path_or_dataset), comm
+        self.num_replicas, self.rank = comm.size, comm.rank
+        self.batch_size, self.prefetch = int(batch_size), int(prefetch)
+        self.shuffle, self.seed, self.drop_last, self.exact = shuffle, seed, drop_last, exact
+        self.chunk_shuffle, self.chunk_window = chunk_shuffle, chunk_window
+        self.device = None if device is None else torch.device(device)
+        self.infos = _inspect_on_root(comm, self.path, keys, locking)
+        self.keys = [info.key for info in self.infos]
+        self.length = self.infos[0].shape[0]
+        self.backend = choose_backend(self.infos, backend)
+        # Collective MPI-IO needs every rank to read the same number of batches.
+        same_count = not exact or self.length % self.num_replicas == 0
+        self._reader = BACKENDS[self.backend](self.path, self.infos, locking=locking,
+                                              comm=comm.Dup() if self.backend == "mpio" else None,
+                                              collective=same_count)
+        if comm.rank == 0:
+            log.info("ShardedLoader: %s keys=%s samples=%d backend=%s", self.path, self.keys,
+                     self.length, self.backend)
+        self.epoch = 0
+        self._position = 0      # samples of this rank's sequence already handed out
+        self._remap_from = None  # a global position saved under another world size
+
+    # -- order and position -----------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` (its permutation comes from ``seed + epoch``)."""
+        if epoch != self.epoch:
+            self.epoch, self._position, self._remap_from = epoch, 0, None
+
+    def _order(self) -> np.ndarray:
+        if self.chunk_shuffle and self.shuffle:
+            chunk = self.infos[0].chunks[0] if self.infos[0].chunks else 1024
+            return chunked_order(self.length, chunk, self.seed, self.epoch, self.chunk_window)
+        return global_order(self.length, self.shuffle, self.seed, self.epoch)
+
+    def indices(self) -> np.ndarray:
+        """This rank's sample sequence for the current epoch."""
+        order = self._order()
+        if self._remap_from is not None:
+            order = order[min(self._remap_from, len(order)):]
+        return rank_indices(order, self.num_replicas, self.rank, self.drop_last, self.exact)
+
+    def __len__(self) -> int:
+        if self.exact:
+            count = len(range(self.rank, self.length, self.num_replicas))
+        else:
+            count = per_rank_count(self.length, self.num_replicas, self.drop_last)
+        return math.ceil(count / self.batch_size)
+
+    def state_dict(self) -> dict:
+        """The position, in global sample space: resuming continues with the next batch."""
+        return {"version": _STATE_VERSION, "epoch": self.epoch, "seed": self.seed,
+                "shuffle": self.shuffle, "length": self.length,
+                "num_replicas": self.num_replicas, "batch_size": self.batch_size,
+                "global_position": self._position * self.num_replicas + (self._remap_from or 0)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state``; on another world size, from the same global position."""
+        if state.get("length") != self.length:
+            raise ValueError(f"loader state is for {state.get('length')} samples but "
+                             f"{self.path} has {self.length}; resume with the same data")
+        self.epoch, self.seed = state["epoch"], state["seed"]
+        position = state["global_position"]
+        if state["num_replicas"] == self.num_replicas:
+            self._position, self._remap_from = position // self.num_replicas, None
+        else:
+            warnings.warn(f"ShardedLoader: resuming a position saved on {state['num_replicas']} "
+                          f"ranks on {self.num_replicas}: the rest of epoch {self.epoch} is "
+                          f"dealt out anew from global sample {position}", stacklevel=2)
+            self._position, self._remap_from = 0, position
+
+    # -- iteration ---------------------------------------------------------------------
+
+    def _batches(self):
+        indices = self.indices()
+        if self._position >= len(indices):
+            self._position = 0  # a finished epoch iterated again starts over
+        return [indices[i:i + self.batch_size]
+                for i in range(self._position, len(indices), self.batch_size)]
+
+    def _load(self, batch) -> tuple:
+        tensors = tuple(as_tensor(a) for a in self._reader.read(batch))
+        if self.device is not None and self.device.type == "cuda":
+            tensors = tuple(t.pin_memory() for t in tensors)
+        return tensors
+
+    def _deliver(self, tensors, count):
+        self._position += count  # before the caller has it: a state taken now skips it
+        if self.device is not None and self.device.type != "cpu":
+            return tuple(t.to(self.device, non_blocking=True) for t in tensors)
+        return tensors
+
+    def __iter__(self):
+        batches = self._batches()
+        if self.prefetch == 0:
+            for batch in batches:
+                yield self._deliver(self._load(batch), len(batch))
+            return
+        prefetcher = _Prefetcher(self._load, batches, self.prefetch)
+        try:
+            for batch, tensors in zip(batches, prefetcher):
+                yield self._deliver(tensors, len(batch))
+        finally:
+            prefetcher.stop()
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+class _Prefetcher:
+    """Runs ``load`` over ``items`` in a thread, ``depth`` results ahead of the consumer."""
+
+    def __init__(self, load, items, depth):
+        self._queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(load, items), daemon=True,
+                                        name="hpcddp-prefetch")
+        self._thread.start()
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, load, items):
+        try:
+            for item in items:
+                if not self._put(("ok", load(item))):
+                    return
+            self._put(("end", None))
+        except BaseException as error:  # handed to the consumer, raised there
+            self._put(("error", error))
+
+    def __iter__(self):
+        while True:
+            kind, value = self._queue.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise value
+            yield value
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()

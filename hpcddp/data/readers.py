@@ -1,0 +1,120 @@
+"""Reading rows of HDF5 datasets: three backends behind one ``read(indices)``.
+
+- ``memmap``: contiguous, unfiltered, native-order data is a plain byte range of the
+  file; the offset comes from h5py and rows are copied straight out of the page cache.
+  Measured here, a memory-map copy beat MPI-IO ``Read_at_all`` (18-19 vs ~13 GiB/s for 2
+  ranks) and a 4 KiB row costs microseconds instead of h5py's 58-84 µs per call.
+- ``h5py``: chunked or compressed data; one h5py call per batch, with sorted unique
+  indices (h5py's fancy indexing needs increasing order), then put back in batch order.
+- ``mpio``: h5py built against parallel HDF5; the file is opened with ``driver='mpio'``
+  on a communicator and read collectively when every rank reads the same number of
+  batches.
+"""
+
+from typing import List, Sequence
+
+import h5py
+import numpy as np
+
+from hpcddp.data.h5file import DatasetInfo, open_h5
+
+__all__ = ["BACKENDS", "H5pyReader", "MemmapReader", "MPIOReader", "choose_backend"]
+
+
+def _runs(sorted_unique: np.ndarray):
+    """Split sorted unique indices into (start, stop) runs of consecutive rows."""
+    if len(sorted_unique) == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(sorted_unique) != 1) + 1
+    starts = np.concatenate([[0], breaks])
+    stops = np.concatenate([breaks, [len(sorted_unique)]])
+    return [(int(sorted_unique[a]), int(sorted_unique[b - 1]) + 1) for a, b in zip(starts, stops)]
+
+
+class MemmapReader:
+    """Rows by byte offset through a read-only memory map of each dataset."""
+
+    name = "memmap"
+
+    def __init__(self, path, infos: Sequence[DatasetInfo], **_):
+        self.maps = [np.memmap(path, dtype=np.dtype(i.dtype), mode="r", offset=i.offset,
+                               shape=i.shape) for i in infos]
+
+    def read(self, indices: np.ndarray) -> List[np.ndarray]:
+        if len(indices) and indices[-1] - indices[0] == len(indices) - 1 and \
+                np.all(np.diff(indices) == 1):
+            a, b = int(indices[0]), int(indices[-1]) + 1
+            return [np.array(m[a:b]) for m in self.maps]
+        return [m[indices] for m in self.maps]  # fancy indexing copies the rows
+
+    def close(self):
+        self.maps = []
+
+
+class H5pyReader:
+    """Rows through h5py, one call per key and batch, in sorted order."""
+
+    name = "h5py"
+
+    def __init__(self, path, infos: Sequence[DatasetInfo], locking=False, **_):
+        self.file = self._open(path, locking)
+        self.dsets = [self.file[i.key] for i in infos]
+
+    def _open(self, path, locking):
+        return open_h5(path, locking)
+
+    def _select(self, dset, unique):
+        runs = _runs(unique)
+        if len(runs) == 1:
+            return dset[runs[0][0]:runs[0][1]]
+        return dset[unique]
+
+    def read(self, indices: np.ndarray) -> List[np.ndarray]:
+        unique, inverse = np.unique(indices, return_inverse=True)
+        return [self._select(d, unique)[inverse] for d in self.dsets]
+
+    def close(self):
+        self.file.close()
+
+
+class MPIOReader(H5pyReader):
+    """Rows through parallel HDF5 (``driver='mpio'``), collective when ranks agree."""
+
+    name = "mpio"
+
+    def __init__(self, path, infos, comm=None, collective=True, locking=False, **_):
+        self.comm, self.collective = comm, collective
+        super().__init__(path, infos, locking=locking)
+
+    def _open(self, path, locking):
+        if not h5py.get_config().mpi:
+            raise RuntimeError("backend='mpio' needs h5py built with MPI (h5py.get_config().mpi "
+                               "is False); see `make test-phdf5` in the README for a build")
+        return open_h5(path, locking, driver="mpio", comm=self.comm)
+
+    def _select(self, dset, unique):
+        if not self.collective:
+            return super()._select(dset, unique)
+        with dset.collective:
+            return super()._select(dset, unique)
+
+
+BACKENDS = {cls.name: cls for cls in (MemmapReader, H5pyReader, MPIOReader)}
+
+
+def choose_backend(infos: Sequence[DatasetInfo], requested: str = "auto") -> str:
+    """Pick the backend for ``infos``; refuse a requested one that cannot read them."""
+    if requested not in ("auto", *BACKENDS):
+        raise ValueError(f"backend={requested!r}; use 'auto', " +
+                         ", ".join(repr(b) for b in BACKENDS))
+    by_offset = all(i.readable_by_offset for i in infos)
+    if requested == "memmap" and not by_offset:
+        bad = [i.key for i in infos if not i.readable_by_offset]
+        raise ValueError(f"backend='memmap' needs contiguous, unfiltered, native-order data; "
+                         f"{bad} are chunked, compressed or byte-swapped. Use backend='auto' "
+                         f"or repack with `hpcddp pack` (contiguous by default)")
+    if requested != "auto":
+        return requested
+    if by_offset:
+        return "memmap"
+    return "mpio" if h5py.get_config().mpi else "h5py"
