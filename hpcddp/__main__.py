@@ -1,9 +1,10 @@
-"""Command line: ``python -m hpcddp doctor`` (also installed as ``hpcddp``)."""
+"""Command line: ``python -m hpcddp doctor|pack`` (also installed as ``hpcddp``)."""
 
 import sys
 
 _COMMANDS = {
     "doctor": ("hpcddp.doctor", "check the MPI/torch set-up on every rank and measure MPI"),
+    "pack": ("hpcddp.data.pack", "write .npy/.npz arrays into an HDF5 file for ShardedLoader"),
 }
 
 

@@ -1,0 +1,92 @@
+"""``hpcddp pack``: write NumPy arrays into an HDF5 file laid out for ``ShardedLoader``.
+
+Contiguous by default, so the loader reads rows by byte offset; ``--chunk-rows`` and
+``--compression`` give a chunked, compressed layout instead (read through h5py).
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Dict, Optional
+
+import h5py
+import numpy as np
+from tqdm import tqdm
+
+__all__ = ["main", "pack_arrays"]
+
+_BLOCK_BYTES = 64 << 20
+
+
+def _inputs(specs) -> Dict[str, np.ndarray]:
+    """``[NAME=]FILE`` specs to arrays: a .npy is one key, a .npz one key per member."""
+    arrays = {}
+    for spec in specs:
+        name, _, file = spec.rpartition("=")
+        path = Path(file)
+        if not path.exists():
+            raise FileNotFoundError(f"{file}: no such file")
+        if path.suffix == ".npz":
+            with np.load(path) as archive:
+                for member in archive.files:
+                    arrays[f"{name}{member}" if name else member] = archive[member]
+        elif path.suffix == ".npy":
+            arrays[name or path.stem] = np.load(path, mmap_mode="r")
+        else:
+            raise ValueError(f"{file}: give .npy or .npz files (got {path.suffix!r})")
+    return arrays
+
+
+def pack_arrays(out, arrays: Dict[str, np.ndarray], chunk_rows: Optional[int] = None,
+                compression: Optional[str] = None, progress: bool = True) -> None:
+    """Write ``arrays`` (equal length along axis 0) to the HDF5 file ``out``, atomically.
+
+    Args:
+        chunk_rows: rows per chunk; None writes contiguous datasets.
+        compression: an h5py filter ("gzip", "lzf"); implies chunking.
+    """
+    lengths = {k: len(a) for k, a in arrays.items()}
+    if not arrays or len(set(lengths.values())) != 1 or 0 in lengths.values():
+        raise ValueError(f"need one or more non-empty arrays of equal length; got {lengths}")
+    if compression and not chunk_rows:
+        chunk_rows = max(1, (1 << 20) // max(1, next(iter(arrays.values()))[0].nbytes))
+    total = sum(a.nbytes for a in arrays.values())
+    tmp = f"{out}.tmp{os.getpid()}"
+    try:
+        with h5py.File(tmp, "w") as f, tqdm(total=total, unit="B", unit_scale=True,
+                                            desc=f"pack {out}", disable=not progress) as bar:
+            for key, array in arrays.items():
+                chunks = (min(chunk_rows, len(array)),) + array.shape[1:] if chunk_rows else None
+                dset = f.create_dataset(key, shape=array.shape, dtype=array.dtype,
+                                        chunks=chunks, compression=compression)
+                rows = max(1, _BLOCK_BYTES // max(1, array[:1].nbytes))
+                for start in range(0, len(array), rows):
+                    block = np.ascontiguousarray(array[start:start + rows])
+                    dset[start:start + len(block)] = block
+                    bar.update(block.nbytes)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="hpcddp pack", description=__doc__.splitlines()[0])
+    parser.add_argument("out", help="the HDF5 file to write")
+    parser.add_argument("inputs", nargs="+", metavar="[NAME=]FILE",
+                        help=".npy (one dataset, named NAME or the file's stem) or .npz "
+                             "(one dataset per member, prefixed with NAME)")
+    parser.add_argument("--chunk-rows", type=int, help="chunked layout with this many rows")
+    parser.add_argument("--compression", choices=["gzip", "lzf"], help="compress (chunked)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    try:
+        arrays = _inputs(args.inputs)
+        pack_arrays(args.out, arrays, args.chunk_rows, args.compression, not args.quiet)
+    except (OSError, ValueError) as error:
+        print(f"hpcddp pack: {error}", file=sys.stderr)
+        return 2
+    for key, array in arrays.items():
+        print(f"{args.out}:{key} {array.dtype} {array.shape}")
+    return 0

@@ -1,0 +1,159 @@
+"""ShardedLoader on real HDF5 files, against torch's DataLoader + DistributedSampler."""
+
+import os
+import shutil
+import tempfile
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler as TorchSampler
+
+from hpcddp.data import DataFileError, H5Dataset, ShardedLoader
+from hpcddp.data.pack import pack_arrays
+
+N = 103  # divisible by neither 2 nor 3
+
+
+@pytest.fixture(scope="module")
+def files(world):
+    """Real files on disk, written by rank 0: contiguous, chunked+gzip, big-endian."""
+    folder = tempfile.mkdtemp(prefix="hpcddp-data-") if world.rank == 0 else None
+    folder = world.comm.bcast(folder, root=0)
+    rng = np.random.default_rng(0)
+    arrays = {"x": rng.standard_normal((N, 5)).astype(np.float32), "y": np.arange(N)}
+    paths = {k: os.path.join(folder, f"{k}.h5") for k in ("flat", "gzip", "swapped", "bad")}
+    if world.rank == 0:
+        pack_arrays(paths["flat"], arrays, progress=False)
+        pack_arrays(paths["gzip"], arrays, chunk_rows=16, compression="gzip", progress=False)
+        with h5py.File(paths["swapped"], "w") as f:
+            f["x"] = arrays["x"].astype(">f4")
+            f["y"] = arrays["y"]
+        with h5py.File(paths["bad"], "w") as f:
+            f["x"] = arrays["x"]
+            f["short"] = np.arange(N - 1)
+            f["text"] = np.array([b"a"] * N, dtype="S1")
+            f["empty"] = np.zeros((0, 3))
+        truncated = os.path.join(folder, "truncated.h5")
+        shutil.copy(paths["flat"], truncated)
+        os.truncate(truncated, os.path.getsize(truncated) - 100)
+    paths["truncated"] = os.path.join(folder, "truncated.h5")
+    world.comm.Barrier()
+    yield paths, arrays
+    world.comm.Barrier()
+    if world.rank == 0:
+        shutil.rmtree(folder)
+
+
+def _reference_batches(world, path, batch_size, epoch, **kwargs):
+    dataset = H5Dataset(path, ["x", "y"])
+    sampler = TorchSampler(dataset, world.size, world.rank, **kwargs)
+    sampler.set_epoch(epoch)
+    return list(DataLoader(dataset, batch_size=batch_size, sampler=sampler))
+
+
+@pytest.mark.parametrize("kind, backend", [("flat", "memmap"), ("gzip", "h5py"),
+                                           ("swapped", "h5py")])
+@pytest.mark.parametrize("shuffle, drop_last", [(True, False), (False, False), (True, True)])
+def test_batches_equal_torch_dataloader_with_distributed_sampler(world, files, kind, backend,
+                                                                 shuffle, drop_last):
+    paths, _ = files
+    loader = ShardedLoader(paths[kind], ["x", "y"], batch_size=8, shuffle=shuffle, seed=3,
+                           drop_last=drop_last)
+    assert loader.backend == backend
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        ours = list(loader)
+        theirs = _reference_batches(world, paths[kind], 8, epoch, shuffle=shuffle, seed=3,
+                                    drop_last=drop_last)
+        assert len(ours) == len(theirs) == len(loader)
+        for (x, y), (rx, ry) in zip(ours, theirs):
+            assert torch.equal(x, rx) and torch.equal(y, ry)
+    loader.close()
+
+
+def test_each_backend_returns_the_written_arrays(world, files):
+    paths, arrays = files
+    for kind in ("flat", "gzip", "swapped"):
+        loader = ShardedLoader(paths[kind], ["x", "y"], batch_size=10, shuffle=False, exact=True)
+        mine = [b for b in loader]
+        xs = torch.cat([x for x, _ in mine]) if mine else torch.empty(0, 5)
+        ys = torch.cat([y for _, y in mine]) if mine else torch.empty(0, dtype=torch.long)
+        assert torch.equal(ys, torch.arange(world.rank, N, world.size))
+        np.testing.assert_array_equal(xs.numpy(), arrays["x"][world.rank::world.size])
+        loader.close()
+
+
+def test_exact_mode_reads_every_sample_once_per_epoch(world, files):
+    paths, _ = files
+    loader = ShardedLoader(paths["flat"], ["y"], batch_size=7, exact=True, seed=9)
+    seen_epochs = []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        mine = torch.cat([y for (y,) in loader]).tolist()
+        everyone = world.comm.allgather(mine)
+        assert sorted(i for part in everyone for i in part) == list(range(N))
+        assert max(map(len, everyone)) - min(map(len, everyone)) <= 1
+        seen_epochs.append(everyone)
+    assert seen_epochs[0] != seen_epochs[1]
+
+
+def test_chunk_shuffle_is_a_permutation_and_differs_from_plain(world, files):
+    paths, _ = files
+    loader = ShardedLoader(paths["gzip"], ["y"], batch_size=8, exact=True, chunk_shuffle=True,
+                           chunk_window=2)
+    mine = torch.cat([y for (y,) in loader]).tolist()
+    everyone = world.comm.allgather(mine)
+    assert sorted(i for part in everyone for i in part) == list(range(N))
+    plain = ShardedLoader(paths["gzip"], ["y"], batch_size=8, exact=True)
+    assert not np.array_equal(loader.indices(), plain.indices())
+
+
+def test_state_dict_mid_epoch_in_the_same_job(world, files):
+    paths, _ = files
+    loader = ShardedLoader(paths["flat"], ["y"], batch_size=5, seed=1, prefetch=3)
+    loader.set_epoch(2)
+    everything = [y for (y,) in loader]
+    iterator = iter(loader)
+    head = [next(iterator)[0] for _ in range(4)]
+    state = loader.state_dict()
+    iterator.close()
+    again = ShardedLoader(paths["flat"], ["y"], batch_size=5, seed=1)
+    again.load_state_dict(state)
+    rest = [y for (y,) in again]
+    assert all(torch.equal(a, b) for a, b in zip(head + rest, everything))
+    assert len(head) + len(rest) == len(everything)
+
+
+@pytest.mark.parametrize("kind, keys, error, words", [
+    ("missing", ["x"], FileNotFoundError, ["missing.h5", "no such file"]),
+    ("bad", ["nope"], DataFileError, ["'nope'", "the file has"]),
+    ("bad", ["x", "short"], DataFileError, ["different lengths", "short: 102"]),
+    ("bad", ["text"], DataFileError, ["'text'", "dtype |S1"]),
+    ("bad", ["empty"], DataFileError, ["'empty'", "empty"]),
+    ("truncated", ["x", "y"], DataFileError, ["truncated"]),
+])
+def test_bad_input_raises_the_same_error_on_every_rank(world, files, kind, keys, error, words):
+    paths, _ = files
+    path = paths.get(kind, os.path.join(os.path.dirname(paths["flat"]), "missing.h5"))
+    with pytest.raises(error) as info:
+        ShardedLoader(path, keys, batch_size=4)
+    for word in words:
+        assert word in str(info.value)
+    assert world.comm.allreduce(1) == world.size  # every rank got here: nobody waits
+
+
+def test_memmap_backend_refused_for_compressed_data(world, files):
+    paths, _ = files
+    with pytest.raises(ValueError, match="backend='memmap' needs contiguous"):
+        ShardedLoader(paths["gzip"], ["x"], batch_size=4, backend="memmap")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU for pinned batches")
+def test_batches_land_on_the_gpu(world, files):
+    paths, _ = files
+    loader = ShardedLoader(paths["flat"], ["x"], batch_size=4, device=world.device)
+    (x,) = next(iter(loader))
+    assert x.is_cuda

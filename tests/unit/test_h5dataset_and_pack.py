@@ -1,0 +1,68 @@
+"""H5Dataset in DataLoader workers, and `hpcddp pack` as a user runs it."""
+
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from hpcddp.data import DataFileError, H5Dataset, inspect_file
+
+
+@pytest.fixture
+def arrays(tmp_path):
+    x = np.random.default_rng(1).standard_normal((57, 3, 2)).astype(np.float32)
+    y = np.arange(57, dtype=np.int32)
+    np.save(tmp_path / "x.npy", x)
+    np.savez(tmp_path / "more.npz", y=y, mask=y % 2 == 0)
+    return tmp_path, x, y
+
+
+def _pack(*args):
+    return subprocess.run([sys.executable, "-m", "hpcddp", "pack", *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_pack_contiguous_then_read_back_in_worker_processes(arrays):
+    folder, x, y = arrays
+    out = folder / "train.h5"
+    job = _pack(out, folder / "x.npy", folder / "more.npz")
+    assert job.returncode == 0, job.stderr
+    assert "100%" in job.stderr  # the tqdm progress bar
+    infos = {i.key: i for i in inspect_file(out)}
+    assert all(i.readable_by_offset for i in infos.values())
+    ds = H5Dataset(out, ["x", "y", "mask"])
+    loader = DataLoader(ds, batch_size=10, num_workers=2)
+    xs, ys, masks = (torch.cat(parts) for parts in zip(*loader))
+    np.testing.assert_array_equal(xs.numpy(), x)
+    np.testing.assert_array_equal(ys.numpy(), y)
+    assert masks.dtype == torch.bool and masks.tolist() == (y % 2 == 0).tolist()
+
+
+def test_pack_chunked_and_compressed(arrays):
+    folder, x, _ = arrays
+    out = folder / "gz.h5"
+    assert _pack(out, f"feat=" + str(folder / "x.npy"), "--chunk-rows", 8,
+                 "--compression", "gzip", "--quiet").returncode == 0
+    with h5py.File(out) as f:
+        assert f["feat"].chunks == (8, 3, 2) and f["feat"].compression == "gzip"
+        np.testing.assert_array_equal(f["feat"][()], x)
+
+
+def test_pack_refuses_arrays_of_different_lengths_and_leaves_nothing(arrays):
+    folder, _, _ = arrays
+    np.save(folder / "short.npy", np.zeros(3))
+    out = folder / "bad.h5"
+    job = _pack(out, folder / "x.npy", folder / "short.npy")
+    assert job.returncode == 2 and "equal length" in job.stderr and not out.exists()
+
+
+def test_dataset_checks_lengths(tmp_path):
+    path = tmp_path / "uneven.h5"
+    with h5py.File(path, "w") as f:
+        f["a"], f["b"] = np.zeros(4), np.zeros(5)
+    with pytest.raises(DataFileError, match="different lengths"):
+        H5Dataset(path, ["a", "b"])
