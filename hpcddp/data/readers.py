@@ -31,6 +31,17 @@ def _runs(sorted_unique: np.ndarray):
     return [(int(sorted_unique[a]), int(sorted_unique[b - 1]) + 1) for a, b in zip(starts, stops)]
 
 
+def _constant_step(indices: np.ndarray) -> int:
+    """The common positive step of ``indices``, or 0 if there is none."""
+    if len(indices) < 2:
+        return 1 if len(indices) else 0
+    step = int(indices[1] - indices[0])
+    if step > 0 and indices[-1] - indices[0] == step * (len(indices) - 1) and \
+            np.all(np.diff(indices) == step):
+        return step
+    return 0
+
+
 class MemmapReader:
     """Rows by byte offset through a read-only memory map of each dataset."""
 
@@ -41,10 +52,11 @@ class MemmapReader:
                                shape=i.shape) for i in infos]
 
     def read(self, indices: np.ndarray) -> List[np.ndarray]:
-        if len(indices) and indices[-1] - indices[0] == len(indices) - 1 and \
-                np.all(np.diff(indices) == 1):
+        step = _constant_step(indices)
+        if step:
+            # Unshuffled batches are ranges (or, dealt round-robin, strided ranges).
             a, b = int(indices[0]), int(indices[-1]) + 1
-            return [np.array(m[a:b]) for m in self.maps]
+            return [np.array(m[a:b:step]) for m in self.maps]
         return [m[indices] for m in self.maps]  # fancy indexing copies the rows
 
     def close(self):

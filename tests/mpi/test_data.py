@@ -54,8 +54,12 @@ def _reference_batches(world, path, batch_size, epoch, **kwargs):
     return list(DataLoader(dataset, batch_size=batch_size, sampler=sampler))
 
 
-@pytest.mark.parametrize("kind, backend", [("flat", "memmap"), ("gzip", "h5py"),
-                                           ("swapped", "h5py")])
+# With h5py built against parallel HDF5 (`make test-phdf5`), h5py's place is mpio's.
+H5PY = "mpio" if h5py.get_config().mpi else "h5py"
+
+
+@pytest.mark.parametrize("kind, backend", [("flat", "memmap"), ("gzip", H5PY),
+                                           ("swapped", H5PY)])
 @pytest.mark.parametrize("shuffle, drop_last", [(True, False), (False, False), (True, True)])
 def test_batches_equal_torch_dataloader_with_distributed_sampler(world, files, kind, backend,
                                                                  shuffle, drop_last):
@@ -143,6 +147,25 @@ def test_bad_input_raises_the_same_error_on_every_rank(world, files, kind, keys,
     for word in words:
         assert word in str(info.value)
     assert world.comm.allreduce(1) == world.size  # every rank got here: nobody waits
+
+
+@pytest.mark.parametrize("backend", ["h5py", "mpio"])
+def test_forced_backend_reads_contiguous_files_too(world, files, backend):
+    if backend == "mpio" and not h5py.get_config().mpi:
+        pytest.skip("h5py is built without MPI; `make test-phdf5` runs this with it")
+    paths, arrays = files
+    loader = ShardedLoader(paths["flat"], ["x"], batch_size=9, seed=2, backend=backend)
+    assert loader.backend == backend
+    reference = [x for x, _ in _reference_batches(world, paths["flat"], 9, 0, seed=2)]
+    ours = [x for (x,) in loader]
+    assert len(ours) == len(reference) and all(map(torch.equal, ours, reference))
+
+
+def test_mpio_without_parallel_h5py_says_how_to_get_it(world, files):
+    if h5py.get_config().mpi:
+        pytest.skip("this h5py has MPI")
+    with pytest.raises(RuntimeError, match="h5py built with MPI"):
+        ShardedLoader(files[0]["flat"], ["x"], batch_size=4, backend="mpio")
 
 
 def test_memmap_backend_refused_for_compressed_data(world, files):
