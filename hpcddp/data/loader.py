@@ -192,7 +192,14 @@ class ShardedLoader:
             prefetcher.stop()
 
     def close(self) -> None:
+        """Close the file. Collective with the ``mpio`` backend."""
         self._reader.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 class _Prefetcher:

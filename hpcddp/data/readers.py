@@ -11,6 +11,7 @@
   batches.
 """
 
+import atexit
 from typing import List, Sequence
 
 import h5py
@@ -86,6 +87,9 @@ class H5pyReader:
         return [self._select(d, unique)[inverse] for d in self.dsets]
 
     def close(self):
+        # Datasets first: with the mpio driver HDF5 will not close a file whose objects
+        # are still open.
+        self.dsets = []
         self.file.close()
 
 
@@ -97,6 +101,14 @@ class MPIOReader(H5pyReader):
     def __init__(self, path, infos, comm=None, collective=True, locking=False, **_):
         self.comm, self.collective = comm, collective
         super().__init__(path, infos, locking=locking)
+        # Closing an mpio file is collective. Left to the garbage collector, ranks would
+        # close at different moments and hang; it stays open until close() or exit.
+        _KEPT_OPEN[id(self)] = self
+
+    def close(self):
+        """Close the file. Collective: every rank must call it."""
+        _KEPT_OPEN.pop(id(self), None)
+        super().close()
 
     def _open(self, path, locking):
         if not h5py.get_config().mpi:
@@ -109,6 +121,18 @@ class MPIOReader(H5pyReader):
             return super()._select(dset, unique)
         with dset.collective:
             return super()._select(dset, unique)
+
+
+# In opening order, which is the same on every rank: the closes at exit must match.
+_KEPT_OPEN = {}
+
+
+@atexit.register
+def _close_kept_open():
+    # Registered after mpi4py's finalizer (imported earlier), so it runs before MPI is
+    # finalized: every rank that exits normally takes part in these collective closes.
+    for reader in list(_KEPT_OPEN.values()):
+        reader.close()
 
 
 BACKENDS = {cls.name: cls for cls in (MemmapReader, H5pyReader, MPIOReader)}
