@@ -18,6 +18,7 @@ import torch
 
 from hpcddp.data.dataset import H5Dataset, as_tensor
 from hpcddp.data.h5file import inspect_file
+from hpcddp.data.pool import BufferPool
 from hpcddp.data.readers import BACKENDS, choose_backend
 from hpcddp.data.sampler import chunked_order, global_order, per_rank_count, rank_indices
 
@@ -104,6 +105,7 @@ class ShardedLoader:
         if comm.rank == 0:
             log.info("ShardedLoader: %s keys=%s samples=%d backend=%s", self.path, self.keys,
                      self.length, self.backend)
+        self._pool = BufferPool(limit=self.prefetch + 4)
         self.epoch = 0
         self._position = 0      # samples of this rank's sequence already handed out
         self._remap_from = None  # a global position saved under another world size
@@ -167,7 +169,10 @@ class ShardedLoader:
                 for i in range(self._position, len(indices), self.batch_size)]
 
     def _load(self, batch) -> tuple:
-        tensors = tuple(as_tensor(a) for a in self._reader.read(batch))
+        out = None
+        if self.backend == "memmap":
+            out = [self._pool.get((len(batch),) + i.shape[1:], i.dtype) for i in self.infos]
+        tensors = tuple(as_tensor(a) for a in self._reader.read(batch, out))
         if self.device is not None and self.device.type == "cuda":
             tensors = tuple(t.pin_memory() for t in tensors)
         return tensors

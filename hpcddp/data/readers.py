@@ -12,7 +12,7 @@
 """
 
 import atexit
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import h5py
 import numpy as np
@@ -52,13 +52,18 @@ class MemmapReader:
         self.maps = [np.memmap(path, dtype=np.dtype(i.dtype), mode="r", offset=i.offset,
                                shape=i.shape) for i in infos]
 
-    def read(self, indices: np.ndarray) -> List[np.ndarray]:
+    def read(self, indices: np.ndarray, out: Optional[List[np.ndarray]] = None
+             ) -> List[np.ndarray]:
+        """Copy rows ``indices`` of every dataset, into ``out`` when given."""
+        out = out or [np.empty((len(indices),) + m.shape[1:], m.dtype) for m in self.maps]
         step = _constant_step(indices)
-        if step:
-            # Unshuffled batches are ranges (or, dealt round-robin, strided ranges).
-            a, b = int(indices[0]), int(indices[-1]) + 1
-            return [np.array(m[a:b:step]) for m in self.maps]
-        return [m[indices] for m in self.maps]  # fancy indexing copies the rows
+        for m, o in zip(self.maps, out):
+            if step:
+                # Unshuffled batches are ranges (or, dealt round-robin, strided ranges).
+                np.copyto(o, m[int(indices[0]):int(indices[-1]) + 1:step])
+            else:
+                np.take(m, indices, axis=0, out=o)
+        return out
 
     def close(self):
         self.maps = []
@@ -82,7 +87,7 @@ class H5pyReader:
             return dset[runs[0][0]:runs[0][1]]
         return dset[unique]
 
-    def read(self, indices: np.ndarray) -> List[np.ndarray]:
+    def read(self, indices: np.ndarray, out=None) -> List[np.ndarray]:
         unique, inverse = np.unique(indices, return_inverse=True)
         return [self._select(d, unique)[inverse] for d in self.dsets]
 
