@@ -34,7 +34,7 @@ def _inspect_on_root(comm, path, keys, locking):
     if comm.rank == 0:
         try:
             result = inspect_file(path, keys, locking)
-        except (OSError, ValueError) as error:
+        except Exception as error:  # noqa: BLE001 - every rank must raise it, not just 0
             result = error
     result = comm.bcast(result, root=0)
     if isinstance(result, BaseException):
