@@ -18,7 +18,7 @@ loader = ShardedLoader(sys.argv[-1], ["y"], batch_size=6,
                        seed=4, prefetch=3)
 reads = []
 read = loader._reader.read
-loader._reader.read = lambda idx: reads.append(len(idx)) or read(idx)
+loader._reader.read = lambda idx, out=None: reads.append(len(idx)) or read(idx, out)
 loader.set_epoch(1)
 batches = []
 if mode == "resume":
