@@ -1,0 +1,175 @@
+"""``save`` and ``load``: collective, rank 0 touches the file system, everyone agrees."""
+
+import io
+from typing import Any, NamedTuple, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from hpcddp.checkpoint import store
+from hpcddp.checkpoint.rng import capture_rng, reseed_rng, restore_rng
+
+__all__ = ["Resumed", "load", "save"]
+
+
+class Resumed(NamedTuple):
+    """What ``load`` found: where to continue from."""
+
+    path: str
+    step: int
+    epoch: int
+    extra: Any
+
+
+def _comm(comm):
+    if comm is not None:
+        return comm
+    from hpcddp.world import get_world
+    return get_world().comm
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return getattr(model, "module", model) if hasattr(model, "reducer") or \
+        isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def _agree(comm, outcome):
+    """Rank 0's outcome (a value or an exception) on every rank; raise it everywhere."""
+    outcome = comm.bcast(outcome, root=0)
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
+
+
+def save(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=None,
+         loader=None, step: int = 0, epoch: int = 0, extra: Any = None,
+         keep_last: Optional[int] = None, comm=None) -> str:
+    """Save a checkpoint of the training state under ``directory``; return its path.
+
+    Rank 0 writes it under a temporary name, fsyncs, renames it into place and updates
+    ``latest``; per-rank random states are gathered to it first. No rank returns before
+    the checkpoint is published, and an error on rank 0 (a full disk, a permission) is
+    raised on every rank, with the previous checkpoint intact.
+
+    Args:
+        directory: where checkpoints live (``step-<step>`` directories and ``latest``).
+        model: the model, wrapped in a DDP or not (saved without the ``module.`` prefix).
+        optimizer, scheduler, scaler: optional; their ``state_dict()`` is saved.
+        loader: a ``ShardedLoader``; its position is saved.
+        step, epoch: where training is.
+        extra: anything else that loads under ``torch.load(weights_only=True)``.
+        keep_last: keep only this many newest checkpoints (after publishing).
+        comm: defaults to the hpcddp world.
+
+    Example::
+
+        hpcddp.checkpoint.save("ckpt", model, optimizer, loader=loader, step=step,
+                               epoch=epoch, keep_last=3)
+
+    .. warning:: Collective and a synchronization point.
+    """
+    comm = _comm(comm)
+    rngs = comm.gather(capture_rng(), root=0)
+    if comm.rank != 0:
+        return _agree(comm, None)
+    outcome: Any
+    try:
+        state = {
+            "format": store.FORMAT, "step": int(step), "epoch": int(epoch),
+            "world_size": comm.size, "model": _unwrap(model).state_dict(),
+            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "loader": loader.state_dict() if loader is not None else None,
+            "bucket_order": model.reducer.bucket_order() if hasattr(model, "reducer") else None,
+            "rng": rngs, "extra": extra,
+        }
+        store.remove_stale_temporaries(directory)
+        outcome = store.write_checkpoint(directory, int(step), state, comm.size)
+        if keep_last:
+            store.remove_old(directory, keep_last, keep=outcome)
+    except Exception as error:  # noqa: BLE001 - raised on every rank below
+        outcome = error
+    return _agree(comm, outcome)
+
+
+def _broadcast_bytes(comm, data: Optional[bytes]) -> bytes:
+    size = comm.bcast(len(data) if comm.rank == 0 else None, root=0)
+    buffer = np.frombuffer(data, dtype=np.uint8) if comm.rank == 0 else np.empty(size, np.uint8)
+    comm.Bcast(buffer, root=0)
+    return buffer.tobytes() if comm.rank != 0 else data
+
+
+def _load_model(model, saved: dict) -> None:
+    target = _unwrap(model)
+    expected = target.state_dict()
+    if saved and all(k.startswith("module.") for k in saved) and \
+            not any(k.startswith("module.") for k in expected):
+        saved = {k[len("module."):]: v for k, v in saved.items()}
+    for key, value in expected.items():
+        if key not in saved:
+            raise KeyError(f"checkpoint does not match the model: no entry for {key!r}")
+        if tuple(saved[key].shape) != tuple(value.shape):
+            raise ValueError(f"checkpoint does not match the model: {key!r} has shape "
+                             f"{list(saved[key].shape)} in the checkpoint and "
+                             f"{list(value.shape)} in the model")
+    unexpected = [k for k in saved if k not in expected]
+    if unexpected:
+        raise KeyError(f"checkpoint does not match the model: unexpected entry "
+                       f"{unexpected[0]!r}")
+    target.load_state_dict(saved)
+
+
+def load(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=None,
+         loader=None, comm=None, device=None) -> Optional[Resumed]:
+    """Resume from the newest valid checkpoint under ``directory``.
+
+    Rank 0 verifies checkpoints newest first against their manifests (size and SHA-256),
+    skipping a corrupt or partial one with a warning, reads the first good one and
+    broadcasts it; the other ranks never touch the file system. Tensors land on each
+    rank's own device. State dicts with or without the ``module.`` prefix load either way.
+
+    Returns:
+        ``Resumed(path, step, epoch, extra)``, or None when there is nothing to resume,
+        so one script either starts fresh or continues.
+
+    Raises:
+        KeyError, ValueError: on every rank, naming the first key or shape where the
+            checkpoint and the model differ.
+
+    .. warning:: Collective.
+    """
+    comm = _comm(comm)
+    found, data = None, None
+    if comm.rank == 0:
+        try:
+            found = store.read_verified(directory)
+        except Exception as error:  # noqa: BLE001 - raised on every rank
+            found = error
+        if isinstance(found, tuple):
+            found, data = found[:2], found[2]
+    found = _agree(comm, found)
+    if found is None:
+        return None
+    path, manifest = found
+    data = _broadcast_bytes(comm, data)
+    if device is None:
+        from hpcddp.world import get_world
+        device = get_world().device
+    state = torch.load(io.BytesIO(data), map_location=device, weights_only=True)
+    del data
+    _load_model(model, state["model"])
+    for obj, key in ((optimizer, "optimizer"), (scheduler, "scheduler"), (scaler, "scaler"),
+                     (loader, "loader")):
+        if obj is not None and state.get(key) is not None:
+            obj.load_state_dict(state[key])
+    order = state.get("bucket_order")
+    if order is not None and hasattr(model, "reducer") and \
+            sorted(order) == list(range(len(model.reducer.params))):
+        model.reducer.rebuild(order)
+    if state["world_size"] == comm.size:
+        restore_rng(state["rng"][comm.rank])
+    else:
+        reseed_rng(state["step"], comm.rank, state["world_size"], comm.size)
+    return Resumed(path, state["step"], state["epoch"], state["extra"])

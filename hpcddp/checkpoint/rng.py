@@ -1,0 +1,55 @@
+"""Random number generator state as tensors and plain values.
+
+Saved like this, a checkpoint loads under torch's ``weights_only=True`` default, which
+refuses the raw tuple ``np.random.get_state()`` returns.
+"""
+
+import random
+import warnings
+
+import numpy as np
+import torch
+
+__all__ = ["capture_rng", "restore_rng", "reseed_rng"]
+
+
+def capture_rng() -> dict:
+    """This rank's Python, NumPy, torch CPU and CUDA generator states."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64),
+                   "gauss": gauss},
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict) -> None:
+    """Put back what ``capture_rng`` saved."""
+    py = state["python"]
+    random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss"]))
+    npy = state["numpy"]
+    np.random.set_state((npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"],
+                         npy["has_gauss"], npy["cached_gaussian"]))
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        cuda = state["cuda"]
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all([s.cpu() for s in cuda])
+
+
+def reseed_rng(step: int, rank: int, saved_world_size: int, world_size: int) -> None:
+    """Seed every generator from (step, rank): deterministic when states cannot be mapped."""
+    seed = (step * 1_000_003 + rank) % (2 ** 31)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    warnings.warn(f"hpcddp.checkpoint: saved on {saved_world_size} ranks, resumed on "
+                  f"{world_size}: per-rank random states cannot be mapped, so every rank was "
+                  f"reseeded from (step={step}, rank); the run will not repeat bit for bit",
+                  stacklevel=3)

@@ -1,0 +1,121 @@
+"""Checkpoints on disk: naming, the manifest, verification, retention (rank 0's side).
+
+A checkpoint is a directory ``step-<step>`` holding ``state.pt`` and ``manifest.json``;
+``latest`` names the newest published one.
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import warnings
+from typing import List, Optional, Tuple
+
+import torch
+
+from hpcddp.checkpoint.files import HashingWriter, publish_dir, replace_file
+
+__all__ = ["FORMAT", "candidates", "read_verified", "remove_old", "write_checkpoint"]
+
+FORMAT = 1
+STATE, MANIFEST, LATEST = "state.pt", "manifest.json", "latest"
+_NAME = re.compile(r"^step-(\d+)$")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:09d}"
+
+
+def write_checkpoint(root, step: int, state: dict, world_size: int) -> str:
+    """Publish ``state`` as the checkpoint of ``step`` under ``root``; return its path."""
+    import hpcddp
+
+    os.makedirs(root, exist_ok=True)
+    final = os.path.join(root, checkpoint_name(step))
+    if os.path.exists(final):
+        shutil.rmtree(final)  # a re-save of the same step replaces it
+
+    def write(tmp):
+        writer = HashingWriter(os.path.join(tmp, STATE))
+        try:
+            torch.save(state, writer)
+            writer.sync_and_close()
+        except BaseException:
+            writer._file.close()
+            raise
+        manifest = {"format": FORMAT, "step": step, "world_size": world_size,
+                    "hpcddp": hpcddp.__version__, "torch": str(torch.__version__),
+                    "files": {STATE: {"size": writer.size,
+                                      "sha256": writer.sha256.hexdigest()}}}
+        with open(os.path.join(tmp, MANIFEST), "w") as f:
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        return manifest
+
+    publish_dir(final, write)
+    replace_file(os.path.join(root, LATEST), checkpoint_name(step) + "\n")
+    return final
+
+
+def candidates(root) -> List[str]:
+    """Checkpoint directories under ``root``, newest first (``latest`` leads)."""
+    if not os.path.isdir(root):
+        return []
+    names = sorted((n for n in os.listdir(root) if _NAME.match(n)),
+                   key=lambda n: int(_NAME.match(n).group(1)), reverse=True)
+    try:
+        with open(os.path.join(root, LATEST)) as f:
+            latest = f.read().strip()
+        if latest in names:
+            names.remove(latest)
+            names.insert(0, latest)
+    except OSError:
+        pass
+    return [os.path.join(root, n) for n in names]
+
+
+def _verify(path) -> Tuple[dict, bytes]:
+    with open(os.path.join(path, MANIFEST)) as f:
+        manifest = json.load(f)
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"format {manifest.get('format')!r}, expected {FORMAT}")
+    expected = manifest["files"][STATE]
+    with open(os.path.join(path, STATE), "rb") as f:
+        data = f.read()
+    if len(data) != expected["size"]:
+        raise ValueError(f"{STATE} has {len(data)} bytes, the manifest says {expected['size']}")
+    if hashlib.sha256(data).hexdigest() != expected["sha256"]:
+        raise ValueError(f"{STATE} does not match its SHA-256 in the manifest")
+    return manifest, data
+
+
+def read_verified(root) -> Optional[Tuple[str, dict, bytes]]:
+    """The newest checkpoint that verifies: ``(path, manifest, bytes)``, or None."""
+    for path in candidates(root):
+        try:
+            manifest, data = _verify(path)
+        except (OSError, ValueError, KeyError) as error:
+            warnings.warn(f"hpcddp.checkpoint: skipping {path}: {error}", stacklevel=3)
+            continue
+        return path, manifest, data
+    return None
+
+
+def remove_old(root, keep_last: int, keep: str) -> None:
+    """Delete all but the newest ``keep_last`` checkpoints; never ``keep``."""
+    names = sorted((n for n in os.listdir(root) if _NAME.match(n)),
+                   key=lambda n: int(_NAME.match(n).group(1)), reverse=True)
+    for name in names[keep_last:]:
+        path = os.path.join(root, name)
+        if os.path.abspath(path) != os.path.abspath(keep):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_stale_temporaries(root) -> None:
+    """Remove what writers that died mid-save left behind (never a published checkpoint)."""
+    if os.path.isdir(root):
+        for name in os.listdir(root):
+            if name.startswith(".tmp-step-"):
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
