@@ -109,6 +109,7 @@ class ShardedLoader:
         self.epoch = 0
         self._position = 0      # samples of this rank's sequence already handed out
         self._remap_from = None  # a global position saved under another world size
+        self._finished = False   # the last iteration ran to the end of the epoch
 
     # -- order and position -----------------------------------------------------------
 
@@ -116,6 +117,7 @@ class ShardedLoader:
         """Start epoch ``epoch`` (its permutation comes from ``seed + epoch``)."""
         if epoch != self.epoch:
             self.epoch, self._position, self._remap_from = epoch, 0, None
+            self._finished = False
 
     def _order(self) -> np.ndarray:
         if self.chunk_shuffle and self.shuffle:
@@ -151,6 +153,7 @@ class ShardedLoader:
                              f"{self.path} has {self.length}; resume with the same data")
         self.epoch, self.seed = state["epoch"], state["seed"]
         position = state["global_position"]
+        self._finished = False
         if state["num_replicas"] == self.num_replicas:
             self._position, self._remap_from = position // self.num_replicas, None
         else:
@@ -162,9 +165,11 @@ class ShardedLoader:
     # -- iteration ---------------------------------------------------------------------
 
     def _batches(self):
+        if self._finished:
+            # An epoch iterated to its end here and iterated again starts over, as a
+            # DataLoader does. A position loaded at the end of an epoch yields nothing.
+            self._position, self._remap_from, self._finished = 0, None, False
         indices = self.indices()
-        if self._position >= len(indices):
-            self._position = 0  # a finished epoch iterated again starts over
         return [indices[i:i + self.batch_size]
                 for i in range(self._position, len(indices), self.batch_size)]
 
@@ -188,13 +193,14 @@ class ShardedLoader:
         if self.prefetch == 0:
             for batch in batches:
                 yield self._deliver(self._load(batch), len(batch))
-            return
-        prefetcher = _Prefetcher(self._load, batches, self.prefetch)
-        try:
-            for batch, tensors in zip(batches, prefetcher):
-                yield self._deliver(tensors, len(batch))
-        finally:
-            prefetcher.stop()
+        else:
+            prefetcher = _Prefetcher(self._load, batches, self.prefetch)
+            try:
+                for batch, tensors in zip(batches, prefetcher):
+                    yield self._deliver(tensors, len(batch))
+            finally:
+                prefetcher.stop()
+        self._finished = True
 
     def close(self) -> None:
         """Close the file. Collective with the ``mpio`` backend."""

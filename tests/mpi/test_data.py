@@ -180,3 +180,15 @@ def test_batches_land_on_the_gpu(world, files):
     loader = ShardedLoader(paths["flat"], ["x"], batch_size=4, device=world.device)
     (x,) = next(iter(loader))
     assert x.is_cuda
+
+
+def test_position_at_the_end_of_an_epoch_resumes_to_nothing(world, files):
+    paths, _ = files
+    loader = ShardedLoader(paths["flat"], ["y"], batch_size=8)
+    assert len(list(loader)) == len(loader)
+    assert len(list(loader)) == len(loader)  # iterated again here: starts over
+    again = ShardedLoader(paths["flat"], ["y"], batch_size=8)
+    again.load_state_dict(loader.state_dict())
+    assert list(again) == []  # the epoch was done: the next one comes with set_epoch
+    again.set_epoch(1)
+    assert len(list(again)) == len(loader)
