@@ -39,7 +39,7 @@ def launch(args, n=None, env=None, timeout=120):
 
     Killing only mpiexec would leave its ranks running (and spinning in MPI progress).
     """
-    command = ([mpiexec(), "-n", str(n)] if n else []) + [sys.executable] + list(args)
+    command = ([mpiexec(), "-n", str(n)] if n else []) + [sys.executable] + [str(a) for a in args]
     start = time.monotonic()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_clean_env(env), cwd=ROOT, start_new_session=True)
