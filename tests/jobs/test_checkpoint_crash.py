@@ -1,0 +1,82 @@
+"""Crash safety: the writer killed with SIGKILL at fixed system calls of every phase of a
+save (strace's fault injection); a load must find the previous or the new checkpoint,
+whole, and both must be seen across the cases."""
+
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from mpi4py import MPI
+
+import hpcddp.checkpoint as checkpoint
+
+STRACE = shutil.which("strace")
+pytestmark = pytest.mark.skipif(STRACE is None, reason="needs strace (apt-get install strace)")
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "save_once.py")
+RENAMES = "rename,renameat,renameat2"
+
+# (system call set, which call): each kills the writer on entering that call, so the
+# call itself never happens. fsync 1: state.pt, 2: manifest, 3: the temporary directory,
+# rename 1: into place, fsync 4: the parent, fsync 5: `latest`'s temporary, rename 2:
+# `latest`, fsync 6: the parent again.
+CASES = [("write", 1), ("write", 20), ("fsync", 1), ("fsync", 2), ("fsync", 3),
+         (RENAMES, 1), ("fsync", 4), ("fsync", 5), (RENAMES, 2), ("fsync", 6)]
+
+
+def _save(directory, step, strace=()):
+    return subprocess.run([*strace, sys.executable, SCRIPT, str(directory), str(step)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def _load(directory):
+    model = torch.nn.Linear(256, 256)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        resumed = checkpoint.load(directory, model, comm=MPI.COMM_SELF, device="cpu")
+    if resumed is None:
+        return None
+    assert all(torch.all(p == resumed.step) for p in model.parameters()), "a mixed checkpoint"
+    return resumed.step
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    results = {}
+    first = tmp_path_factory.mktemp("ckpt") / "first"
+    assert _save(first, 1).returncode == 0
+    for syscalls, when in CASES:
+        directory = tmp_path_factory.mktemp("ckpt") / "run"
+        shutil.copytree(first, directory)
+        killed = _save(directory, 2, [STRACE, "-f", "-qq", "-o", os.devnull, "-e",
+                                      f"trace={syscalls}", "-e",
+                                      f"inject={syscalls}:signal=KILL:when={when}"])
+        results[(syscalls, when)] = (killed.returncode, _load(directory))
+    return results
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{s.split(',')[0]}{w}" for s, w in CASES])
+def test_load_finds_a_whole_checkpoint_after_a_kill(outcomes, case):
+    returncode, step = outcomes[case]
+    assert returncode != 0, "the writer was not killed: the case tests nothing"
+    assert step in (1, 2)
+
+
+def test_both_outcomes_are_seen(outcomes):
+    steps = [step for _, step in outcomes.values()]
+    assert 1 in steps and 2 in steps
+
+
+def test_fsync_comes_before_rename(tmp_path):
+    log = tmp_path / "trace"
+    job = _save(tmp_path / "run", 3, [STRACE, "-f", "-qq", "-o", str(log), "-e",
+                                      f"trace=fsync,{RENAMES}"])
+    assert job.returncode == 0, job.stderr
+    calls = [line.split("(")[0].split()[-1] for line in log.read_text().splitlines()
+             if "(" in line]
+    first_rename = next(i for i, c in enumerate(calls) if c.startswith("rename"))
+    assert calls[:first_rename].count("fsync") >= 3  # state.pt, manifest, directory
+    assert calls[first_rename + 1] == "fsync"  # the parent, right after publishing
