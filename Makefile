@@ -10,7 +10,7 @@ STAMP   := $(VENV)/.hpcddp-installed
 MPI_TIMEOUT := timeout -k 10 900
 PYTEST  := $(PY) -m pytest -q
 
-.PHONY: venv demo test test-unit test-mpi test-phdf5 clean
+.PHONY: venv tools demo test test-unit test-mpi test-phdf5 clean
 
 $(STAMP): setup.cfg pyproject.toml constraints-dev.txt
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
@@ -25,7 +25,13 @@ demo: venv
 
 test: test-unit test-mpi
 
-test-unit: venv
+# strace injects faults (SIGKILL, errors) into the checkpoint crash tests; as root it is
+# installed here, elsewhere those tests skip and say why.
+tools:
+	command -v strace >/dev/null || [ "$$(id -u)" != 0 ] || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace)
+
+test-unit: venv tools
 	$(PYTEST) tests/unit tests/jobs
 
 test-mpi: venv

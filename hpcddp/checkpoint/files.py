@@ -22,16 +22,30 @@ class HashingWriter(io.RawIOBase):
         self._file = open(path, "wb")
         self.sha256 = hashlib.sha256()
         self.size = 0
+        # torch's zip writer turns a failed write into a RuntimeError without the errno;
+        # the original error is kept here so the caller can raise it (ENOSPC, EFBIG).
+        self.error = None
 
     def writable(self):
         return True
 
     def write(self, data):
         view = memoryview(data).cast("B")
-        self._file.write(view)
+        try:
+            self._file.write(view)
+        except OSError as error:
+            self.error = error
+            raise
         self.sha256.update(view)
         self.size += view.nbytes
         return view.nbytes
+
+    def abandon(self):
+        """Close without syncing, after a failure."""
+        try:
+            self._file.close()
+        except OSError:
+            pass
 
     def sync_and_close(self):
         self._file.flush()

@@ -41,8 +41,10 @@ def write_checkpoint(root, step: int, state: dict, world_size: int) -> str:
         try:
             torch.save(state, writer)
             writer.sync_and_close()
-        except BaseException:
-            writer._file.close()
+        except BaseException as error:
+            writer.abandon()
+            if writer.error is not None and writer.error is not error:
+                raise writer.error from None
             raise
         manifest = {"format": FORMAT, "step": step, "world_size": world_size,
                     "hpcddp": hpcddp.__version__, "torch": str(torch.__version__),
