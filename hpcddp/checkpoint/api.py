@@ -8,9 +8,10 @@ import torch
 from torch import nn
 
 from hpcddp.checkpoint import store
+from hpcddp.ddp import DistributedDataParallel
 from hpcddp.checkpoint.rng import capture_rng, reseed_rng, restore_rng
 
-__all__ = ["Resumed", "load", "save"]
+__all__ = ["Resumed", "load", "load_model_state", "save"]
 
 
 class Resumed(NamedTuple):
@@ -30,8 +31,13 @@ def _comm(comm):
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
-    return getattr(model, "module", model) if hasattr(model, "reducer") or \
-        isinstance(model, nn.parallel.DistributedDataParallel) else model
+    if isinstance(model, (DistributedDataParallel, nn.parallel.DistributedDataParallel)):
+        return model.module
+    return model
+
+
+def _reducer(model):
+    return model.reducer if isinstance(model, DistributedDataParallel) else None
 
 
 def _agree(comm, outcome):
@@ -82,7 +88,7 @@ def save(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "scaler": scaler.state_dict() if scaler is not None else None,
             "loader": loader.state_dict() if loader is not None else None,
-            "bucket_order": model.reducer.bucket_order() if hasattr(model, "reducer") else None,
+            "bucket_order": _reducer(model).bucket_order() if _reducer(model) else None,
             "rng": rngs, "extra": extra,
         }
         store.remove_stale_temporaries(directory)
@@ -101,7 +107,15 @@ def _broadcast_bytes(comm, data: Optional[bytes]) -> bytes:
     return buffer.tobytes() if comm.rank != 0 else data
 
 
-def _load_model(model, saved: dict) -> None:
+def load_model_state(model: nn.Module, saved: dict) -> None:
+    """Load a model state dict with or without the ``module.`` prefix into any model.
+
+    ``model`` may be a bare module, torch's DDP or hpcddp's; ``saved`` may come from any
+    of them.
+
+    Raises:
+        KeyError, ValueError: naming the first key or shape that differs.
+    """
     target = _unwrap(model)
     expected = target.state_dict()
     if saved and all(k.startswith("module.") for k in saved) and \
@@ -159,15 +173,15 @@ def load(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
         device = get_world().device
     state = torch.load(io.BytesIO(data), map_location=device, weights_only=True)
     del data
-    _load_model(model, state["model"])
+    load_model_state(model, state["model"])
     for obj, key in ((optimizer, "optimizer"), (scheduler, "scheduler"), (scaler, "scaler"),
                      (loader, "loader")):
         if obj is not None and state.get(key) is not None:
             obj.load_state_dict(state[key])
     order = state.get("bucket_order")
-    if order is not None and hasattr(model, "reducer") and \
-            sorted(order) == list(range(len(model.reducer.params))):
-        model.reducer.rebuild(order)
+    reducer = _reducer(model)
+    if order is not None and reducer and sorted(order) == list(range(len(reducer.params))):
+        reducer.rebuild(order)
     if state["world_size"] == comm.size:
         restore_rng(state["rng"][comm.rank])
     else:

@@ -1,0 +1,148 @@
+"""Checkpoints under MPI: round trip, verification, mismatches, prefixes, world sizes."""
+
+import copy
+import os
+import shutil
+import tempfile
+import warnings
+
+import pytest
+import torch
+from mpi4py import MPI
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+import hpcddp
+import hpcddp.checkpoint as checkpoint
+from ddp_models import MLP, global_batch, share
+
+
+@pytest.fixture
+def folder(world):
+    path = tempfile.mkdtemp(prefix="hpcddp-ckpt-") if world.rank == 0 else None
+    path = world.comm.bcast(path, root=0)
+    yield os.path.join(path, "ckpt")
+    world.comm.Barrier()
+    if world.rank == 0:
+        shutil.rmtree(path)
+
+
+def _trained(world, steps=2):
+    torch.manual_seed(0)
+    model = hpcddp.DistributedDataParallel(MLP())
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for step in range(steps):
+        x, y = global_batch(step, world.size)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(share(x, world.rank)), share(y, world.rank)).backward()
+        opt.step()
+    return model, opt
+
+
+def test_nothing_to_resume(world, folder):
+    model = hpcddp.DistributedDataParallel(MLP())
+    assert checkpoint.load(folder, model) is None
+    assert checkpoint.load(folder + "-never-made", model) is None
+
+
+def test_round_trip_restores_model_optimizer_and_extra(world, folder):
+    model, opt = _trained(world)
+    path = checkpoint.save(folder, model, opt, step=7, epoch=2, extra={"best": 0.5})
+    assert world.comm.allgather(path) == [path] * world.size
+    fresh = hpcddp.DistributedDataParallel(MLP())
+    fresh_opt = torch.optim.Adam(fresh.parameters(), lr=1e-2)
+    resumed = checkpoint.load(folder, fresh, fresh_opt)
+    assert (resumed.step, resumed.epoch, resumed.extra) == (7, 2, {"best": 0.5})
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters()))
+    assert str(fresh_opt.state_dict()) == str(opt.state_dict())
+    # The file is plain tensors and values: torch's weights_only loader takes it.
+    state = torch.load(os.path.join(path, "state.pt"), weights_only=True)
+    assert list(state["model"]) == list(model.module.state_dict())
+    assert len(state["rng"]) == world.size
+
+
+def test_keep_last_keeps_the_newest(world, folder):
+    model, _ = _trained(world, steps=0)
+    for step in range(1, 5):
+        checkpoint.save(folder, model, step=step, keep_last=2)
+    names = sorted(n for n in os.listdir(folder) if n.startswith("step-"))
+    assert names == ["step-000000003", "step-000000004"]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_corrupt_newest_is_skipped_for_the_previous(world, folder, damage):
+    model, _ = _trained(world, steps=0)
+    checkpoint.save(folder, model, step=1)
+    newest = checkpoint.save(folder, model, step=2)
+    if world.rank == 0:
+        state = os.path.join(newest, "state.pt")
+        if damage == "truncate":
+            os.truncate(state, os.path.getsize(state) // 2)
+        else:
+            with open(state, "r+b") as f:
+                f.seek(os.path.getsize(state) // 2)
+                byte = f.read(1)
+                f.seek(-1, 1)
+                f.write(bytes([byte[0] ^ 0x01]))
+    world.comm.Barrier()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = checkpoint.load(folder, model)
+    assert resumed.step == 1
+    if world.rank == 0:
+        assert any(f"skipping {newest}" in str(w.message) for w in caught)
+
+
+def test_mismatching_model_is_named_on_every_rank(world, folder):
+    model, _ = _trained(world, steps=0)
+    checkpoint.save(folder, model, step=1)
+    other = hpcddp.DistributedDataParallel(MLP(width=17))
+    with pytest.raises(ValueError, match=r"'body.0.weight' has shape \[16, 8\] in the "
+                                         r"checkpoint and \[17, 8\] in the model"):
+        checkpoint.load(folder, other)
+
+
+def test_torch_ddp_bare_module_and_hpcddp_load_each_other(world, folder, gloo):
+    torch.manual_seed(1)
+    bare = MLP()
+    theirs = TorchDDP(copy.deepcopy(bare), process_group=gloo)
+    checkpoint.save(folder, theirs, step=1)
+    ours = hpcddp.DistributedDataParallel(MLP())
+    checkpoint.load(folder, ours)
+    assert all(torch.equal(a, b) for a, b in zip(ours.module.parameters(), bare.parameters()))
+    # A raw torch DDP state dict (``module.`` keys) into a bare module, and back.
+    target = MLP()
+    checkpoint.load_model_state(target, theirs.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(target.parameters(), bare.parameters()))
+    again = hpcddp.DistributedDataParallel(MLP())
+    checkpoint.load_model_state(again, bare.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(again.module.parameters(), bare.parameters()))
+
+
+def test_bucket_order_comes_back(world, folder):
+    model = hpcddp.DistributedDataParallel(MLP(), bucket_cap_mb=0.0005)
+    count = len(model.reducer.params)
+    order = [i for pair in zip(range(count // 2), range(count // 2, count)) for i in pair]
+    model.reducer.rebuild(order)  # stands for an order observed in training
+    checkpoint.save(folder, model, step=2)
+    fresh = hpcddp.DistributedDataParallel(MLP(), bucket_cap_mb=0.0005)
+    assert fresh.reducer.bucket_order() != order
+    checkpoint.load(folder, fresh)
+    assert fresh.reducer.bucket_order() == order
+    assert [b.params for b in fresh.reducer.layouts] == [b.params for b in model.reducer.layouts]
+
+
+def test_resume_on_a_different_world_size_reseeds_and_says_so(world, folder):
+    if world.size == 1:
+        pytest.skip("needs two ranks")
+    model, opt = _trained(world)
+    checkpoint.save(folder, model, opt, step=3)
+    sub = world.comm.Split(0 if world.rank == 0 else MPI.UNDEFINED)
+    if world.rank == 0:
+        alone = MLP()
+        with pytest.warns(UserWarning, match="reseeded"):
+            resumed = checkpoint.load(folder, alone, comm=sub)
+        assert resumed.step == 3
+        assert all(torch.equal(a, b) for a, b in zip(alone.parameters(), model.parameters()))
+        sub.Free()
+    world.comm.Barrier()
