@@ -1,10 +1,15 @@
 """``save`` and ``load``: collective, rank 0 touches the file system, everyone agrees."""
 
 import io
+import mmap
+import os
+import time
+import warnings
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
 import torch
+from mpi4py import MPI
 from torch import nn
 
 from hpcddp.checkpoint import store
@@ -41,11 +46,18 @@ def _reducer(model):
 
 
 def _agree(comm, outcome):
-    """Rank 0's outcome (a value or an exception) on every rank; raise it everywhere."""
-    outcome = comm.bcast(outcome, root=0)
-    if isinstance(outcome, BaseException):
-        raise outcome
-    return outcome
+    """Rank 0's outcome (a value or an exception) on every rank; raise it everywhere.
+
+    The other ranks wait with short sleeps instead of MPI's busy polling, leaving their
+    cores to rank 0, which is writing or reading (and hashing) for everyone.
+    """
+    arrived = comm.Ibarrier()
+    while not arrived.Test():
+        time.sleep(0.0005)
+    value = comm.bcast(outcome, root=0)
+    if isinstance(value, BaseException):
+        raise value
+    return value
 
 
 def save(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=None,
@@ -100,11 +112,88 @@ def save(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
     return _agree(comm, outcome)
 
 
-def _broadcast_bytes(comm, data: Optional[bytes]) -> bytes:
-    size = comm.bcast(len(data) if comm.rank == 0 else None, root=0)
-    buffer = np.frombuffer(data, dtype=np.uint8) if comm.rank == 0 else np.empty(size, np.uint8)
-    comm.Bcast(buffer, root=0)
-    return buffer.tobytes() if comm.rank != 0 else data
+class _InMemoryFile:
+    """Memory that a broadcast lands in and ``torch.load(mmap=True)`` reads in place.
+
+    An anonymous memory file (``memfd``) takes the bytes with no copy and lets torch map
+    its tensors straight out of it; elsewhere a bytes buffer is used. Either way the file
+    system is never touched.
+    """
+
+    def __init__(self, size: int):
+        self.fd = os.memfd_create("hpcddp-checkpoint") if hasattr(os, "memfd_create") else None
+        if self.fd is not None:
+            os.ftruncate(self.fd, size)
+            self._map = mmap.mmap(self.fd, size)
+            self.array = np.frombuffer(self._map, np.uint8)
+        else:
+            self.array = np.empty(size, np.uint8)
+
+    def load(self, device):
+        if self.fd is not None:
+            del self.array  # the map cannot be closed under a live view
+            return torch.load(f"/proc/self/fd/{self.fd}", map_location=device,
+                              weights_only=True, mmap=True)
+        return torch.load(io.BytesIO(self.array), map_location=device, weights_only=True)
+
+    def close(self):
+        if self.fd is not None:
+            self._map.close()
+            os.close(self.fd)
+
+
+def _deserialize(source, device):
+    if isinstance(source, _InMemoryFile):
+        return source.load(device)
+    # Rank 0 maps the verified file itself: its tensors come straight from the page cache.
+    return torch.load(source, map_location=device, weights_only=True, mmap=True)
+
+
+def _receive_verified(comm, directory, device):
+    """Rank 0 offers checkpoints newest first; every rank deserializes the broadcast bytes
+    while rank 0 checks the hash. Returns ``(path, state)`` of the first good one, or None.
+
+    .. warning:: Collective; every rank loops in step with rank 0's offers.
+    """
+    offers = store.open_candidates(directory) if comm.rank == 0 else None
+    while True:
+        opened = None
+        if comm.rank == 0:
+            try:
+                opened = next(offers, None)
+                header = None if opened is None else (opened.path, opened.size)
+            except Exception as error:  # noqa: BLE001 - raised on every rank
+                header = error
+        header = _agree(comm, header if comm.rank == 0 else None)
+        if header is None:
+            return None
+        path, size = header
+        if opened:
+            comm.Bcast(np.frombuffer(opened.map, np.uint8), root=0)
+            source = os.path.join(path, store.STATE)
+        else:
+            source = _InMemoryFile(size)
+            comm.Bcast(source.array, root=0)
+        try:
+            state = _deserialize(source, device)
+        except Exception as error:  # noqa: BLE001 - decided together below
+            state = error
+        if not opened:
+            source.close()
+        good = opened.verified() if opened else None
+        if opened:
+            opened.close()
+        good = _agree(comm, good)
+        if good:
+            # The bytes are what was published: a failure to read them is everyone's.
+            failed = comm.allreduce(isinstance(state, Exception), op=MPI.LOR)
+            if failed:
+                raise state if isinstance(state, Exception) else RuntimeError(
+                    f"{path}: another rank could not deserialize the checkpoint")
+            return path, state
+        if comm.rank == 0:
+            warnings.warn(f"hpcddp.checkpoint: skipping {path}: {store.STATE} does not "
+                          f"match its SHA-256 in the manifest", stacklevel=4)
 
 
 def load_model_state(model: nn.Module, saved: dict) -> None:
@@ -155,24 +244,13 @@ def load(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
     .. warning:: Collective.
     """
     comm = _comm(comm)
-    found, data = None, None
-    if comm.rank == 0:
-        try:
-            found = store.read_verified(directory)
-        except Exception as error:  # noqa: BLE001 - raised on every rank
-            found = error
-        if isinstance(found, tuple):
-            found, data = found[:2], found[2]
-    found = _agree(comm, found)
-    if found is None:
-        return None
-    path, manifest = found
-    data = _broadcast_bytes(comm, data)
     if device is None:
         from hpcddp.world import get_world
         device = get_world().device
-    state = torch.load(io.BytesIO(data), map_location=device, weights_only=True)
-    del data
+    found = _receive_verified(comm, directory, device)
+    if found is None:
+        return None
+    path, state = found
     load_model_state(model, state["model"])
     for obj, key in ((optimizer, "optimizer"), (scheduler, "scheduler"), (scaler, "scaler"),
                      (loader, "loader")):

@@ -8,23 +8,40 @@ fsynced. The SHA-256 of each file is computed while it is written, not in a seco
 import hashlib
 import io
 import os
+import queue
 import shutil
+import threading
 from typing import Callable, Dict
 
 __all__ = ["HashingWriter", "fsync_dir", "publish_dir", "replace_file", "sha256_of_bytes"]
 
 
 class HashingWriter(io.RawIOBase):
-    """A write-only file that hashes and counts what passes through it."""
+    """A write-only file that hashes and counts what passes through it.
+
+    Hashing runs in a helper thread on copies of the written chunks (``hashlib`` releases
+    the GIL), so it overlaps with serialization instead of adding to it: SHA-256 of a
+    72 MiB checkpoint takes about 60 ms here, most of a ``torch.save``.
+    """
 
     def __init__(self, path):
         super().__init__()
         self._file = open(path, "wb")
-        self.sha256 = hashlib.sha256()
+        self._sha256 = hashlib.sha256()
         self.size = 0
         # torch's zip writer turns a failed write into a RuntimeError without the errno;
         # the original error is kept here so the caller can raise it (ENOSPC, EFBIG).
         self.error = None
+        self._chunks = queue.Queue(maxsize=64)
+        self._hasher = threading.Thread(target=self._hash, name="hpcddp-hash", daemon=True)
+        self._hasher.start()
+
+    def _hash(self):
+        while True:
+            chunk = self._chunks.get()
+            if chunk is None:
+                return
+            self._sha256.update(chunk)
 
     def writable(self):
         return True
@@ -36,12 +53,23 @@ class HashingWriter(io.RawIOBase):
         except OSError as error:
             self.error = error
             raise
-        self.sha256.update(view)
+        # torch reuses or frees its buffer after write() returns: hash a copy.
+        self._chunks.put(bytes(view))
         self.size += view.nbytes
         return view.nbytes
 
+    def hexdigest(self) -> str:
+        """The SHA-256 of everything written (after ``sync_and_close``)."""
+        return self._sha256.hexdigest()
+
+    def _stop_hashing(self):
+        if self._hasher.is_alive():
+            self._chunks.put(None)
+            self._hasher.join()
+
     def abandon(self):
         """Close without syncing, after a failure."""
+        self._stop_hashing()
         try:
             self._file.close()
         except OSError:
@@ -51,6 +79,7 @@ class HashingWriter(io.RawIOBase):
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
+        self._stop_hashing()
         super().close()
 
 
