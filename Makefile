@@ -21,7 +21,8 @@ $(STAMP): setup.cfg pyproject.toml constraints-dev.txt
 venv: $(STAMP)
 
 demo: venv
-	$(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m hpcddp doctor
+	$(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m hpcddp doctor --max-bytes 1048576
+	$(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) examples/train_digits.py
 
 test: test-unit test-mpi
 
