@@ -1,0 +1,26 @@
+"""The examples run as a user runs them, and do what they say."""
+
+import re
+
+
+def test_digits_demo_trains_to_95_percent_and_resumes(run_job, tmp_path):
+    args = ["examples/train_digits.py", "--run-dir", tmp_path]
+    job = run_job(args, n=2, timeout=300)
+    assert job.returncode == 0, job.stderr
+    final = re.search(r"^world_size=2 test_accuracy=(\d\.\d+)$", job.stdout, re.M)
+    assert final and float(final.group(1)) >= 0.95, job.stdout
+    assert "(360 samples)" in job.stdout  # exact-mode evaluation counts each test sample once
+    assert re.search(r"epoch 0: train_loss=[\d.]+ test_accuracy=[\d.]+ \(360 samples\) "
+                     r"samples/s=\d+", job.stdout)
+    # The same command again finds the last checkpoint and has nothing left to train.
+    again = run_job(args + ["--epochs", "12"], n=2, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "resumed from" in again.stdout and "continuing at epoch 12" in again.stdout
+    assert f"test_accuracy={final.group(1)}" in again.stdout
+
+
+def test_ddp_tutorial_port_runs(run_job):
+    job = run_job(["examples/ddp_tutorial.py"], n=2, timeout=120)
+    assert job.returncode == 0, job.stderr
+    for rank in (0, 1):
+        assert f"Finished running DDP checkpoint example on rank {rank}." in job.stdout
