@@ -10,7 +10,7 @@ STAMP   := $(VENV)/.hpcddp-installed
 MPI_TIMEOUT := timeout -k 10 900
 PYTEST  := $(PY) -m pytest -q
 
-.PHONY: venv tools demo test test-unit test-mpi test-phdf5 clean
+.PHONY: venv tools demo test test-unit test-mpi test-slurm test-phdf5 clean
 
 $(STAMP): setup.cfg pyproject.toml constraints-dev.txt
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
@@ -24,7 +24,7 @@ demo: venv
 	$(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m hpcddp doctor --max-bytes 1048576
 	$(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) examples/train_digits.py
 
-test: test-unit test-mpi
+test: test-unit test-mpi test-slurm
 
 # strace injects faults (SIGKILL, errors) into the checkpoint crash tests; as root it is
 # installed here, elsewhere those tests skip and say why.
@@ -34,6 +34,11 @@ tools:
 
 test-unit: venv tools
 	$(PYTEST) tests/unit tests/jobs
+
+# A real single-node Slurm (munge, slurmctld, slurmd) started by the tests themselves; as
+# root the Debian packages are installed on first use, elsewhere the tests skip and say why.
+test-slurm: venv
+	$(PYTEST) tests/slurm
 
 test-mpi: venv
 	$(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m pytest -p hpcddp.testing tests/mpi

@@ -10,6 +10,7 @@ interruption and it continues where it stopped.
 """
 
 import argparse
+import hashlib
 import os
 import time
 
@@ -91,12 +92,17 @@ def main():
     test = ShardedLoader(test_path, ["x", "y"], batch_size=256, shuffle=False, exact=True,
                          device=world.device)
     ckpt = os.path.join(folder, "checkpoints")
-    start = 0
+    start, step = 0, 0
     resumed = checkpoint.load(ckpt, model, optimizer, loader=train)
     if resumed is not None:
-        start = resumed.epoch + 1
+        # A checkpoint taken at preemption is mid-epoch: the loader resumes inside it.
+        start = resumed.epoch + 1 if resumed.extra["epoch_complete"] else resumed.epoch
+        step = resumed.step
         if world.is_main:
-            print(f"resumed from {resumed.path}: continuing at epoch {start}", flush=True)
+            print(f"resumed from {resumed.path} (SLURM_RESTART_COUNT="
+                  f"{os.environ.get('SLURM_RESTART_COUNT', 0)}): continuing at epoch {start}, "
+                  f"step {step}", flush=True)
+    preemption = hpcddp.Preemption()
     if world.is_main:
         print(f"world_size={world.size} backend={train.backend} train_samples={train.length} "
               f"test_samples={test.length} threads_per_rank={world.num_threads}", flush=True)
@@ -110,13 +116,22 @@ def main():
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            step += 1
             total_loss += torch.tensor([loss.item() * len(y), len(y)], dtype=torch.float64)
             seen += len(y)
+            if preemption.requested():  # every rank agrees at this step boundary
+                print(f"rank {world.rank}: preemption requested (signal received here: "
+                      f"{preemption.received})", flush=True)
+                checkpoint.save(ckpt, model, optimizer, loader=train, step=step, epoch=epoch,
+                                extra={"epoch_complete": False}, keep_last=2)
+                if world.is_main:
+                    print(f"checkpointed at epoch {epoch} step {step}", flush=True)
+                preemption.requeue_and_exit()
         dist.all_reduce(total_loss)
         rate = world.comm.allreduce(seen) / (time.perf_counter() - began)
         accuracy, counted = evaluate(model, test, world)
-        checkpoint.save(ckpt, model, optimizer, loader=train, step=epoch + 1, epoch=epoch,
-                        keep_last=2)
+        checkpoint.save(ckpt, model, optimizer, loader=train, step=step, epoch=epoch,
+                        extra={"epoch_complete": True}, keep_last=2)
         if world.is_main:
             tqdm.write(f"epoch {epoch}: train_loss={(total_loss[0] / total_loss[1]).item():.4f} "
                        f"test_accuracy={accuracy:.3f} ({counted} samples) "
@@ -124,7 +139,10 @@ def main():
 
     accuracy, counted = evaluate(model, test, world)
     assert counted == test.length, f"evaluated {counted} of {test.length} test samples"
+    digest = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes()
+                                     for p in model.parameters())).hexdigest()[:16]
     if world.is_main:
+        print(f"parameters_sha256={digest}", flush=True)
         print(f"world_size={world.size} test_accuracy={accuracy:.3f}", flush=True)
     dist.destroy_process_group()
 

@@ -37,6 +37,10 @@ _SETTINGS = {
         "int", 0,
         "torch intra-op threads per rank; 0 means the cores available to this rank "
         "divided among the local ranks that share them."),
+    "PREEMPT_SIGNAL": _Setting(
+        "str", "USR1",
+        "The signal that warns of preemption (e.g. sbatch --signal=B:USR1@120): training "
+        "checkpoints at the next step and, under Slurm, requeues itself."),
     "PROGRESS_THREAD": _Setting(
         "bool", False,
         "During backward, a helper thread enters MPI's progress engine about every "

@@ -1,0 +1,106 @@
+"""Preemption: a warning signal, agreement at a step boundary, a checkpoint, a requeue.
+
+Slurm warns a job before ending it (``#SBATCH --signal=B:USR1@120``, forwarded by the
+batch script to the ranks, or ``--signal=USR1@120`` straight to them). The handler only
+sets a flag; at the next step boundary every rank learns, through a one-integer
+allreduce, whether any rank was warned, so all of them stop at the same step, save the
+same checkpoint, and rank 0 requeues the job exactly once.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+from typing import Optional
+
+from mpi4py import MPI
+
+from hpcddp.env import ConfigError, get_setting
+
+__all__ = ["Preemption"]
+
+
+def _signal_number(name: str) -> int:
+    key = name.strip().upper()
+    key = key if key.startswith("SIG") else "SIG" + key
+    number = getattr(signal, key, None)
+    if not isinstance(number, signal.Signals) or number in (signal.SIGKILL, signal.SIGSTOP):
+        raise ConfigError(f"HPCDDP_PREEMPT_SIGNAL={name!r} is not a signal that can be caught; "
+                          f"use e.g. USR1, USR2 or TERM")
+    return int(number)
+
+
+def _slurm_job_id() -> Optional[str]:
+    if os.environ.get("SLURM_ARRAY_JOB_ID"):
+        return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+class Preemption:
+    """Catch the preemption warning and turn it into a clean stop on every rank.
+
+    Args:
+        signum: the signal; by default ``HPCDDP_PREEMPT_SIGNAL`` (USR1).
+        comm: the communicator to agree on; the hpcddp world's by default.
+
+    Example::
+
+        preemption = hpcddp.Preemption()
+        for x, y in loader:
+            train_step(x, y)
+            if preemption.requested():          # collective, every step
+                hpcddp.checkpoint.save("ckpt", model, optimizer, loader=loader, step=step)
+                preemption.requeue_and_exit()
+
+    .. warning:: ``requested()`` is collective: call it at the same step on every rank.
+    """
+
+    def __init__(self, signum: Optional[int] = None, comm=None):
+        if comm is None:
+            from hpcddp.world import get_world
+            comm = get_world().comm
+        self.comm = comm
+        self.signum = signum if signum is not None else _signal_number(
+            get_setting("PREEMPT_SIGNAL"))
+        self.received = False  # on this rank
+        self._previous = signal.signal(self.signum, self._handle)
+
+    def _handle(self, signum, frame):
+        self.received = True  # only a flag: the work happens at a step boundary
+
+    def requested(self) -> bool:
+        """True on every rank once any rank has received the signal.
+
+        .. warning:: Collective (one small allreduce).
+        """
+        return bool(self.comm.allreduce(int(self.received), op=MPI.MAX))
+
+    def requeue_and_exit(self, code: int = 0) -> None:
+        """Finalize MPI on every rank, then requeue (rank 0, under Slurm) and exit.
+
+        Slurm ends the running step as soon as the job is requeued. MPI is finalized
+        first so no rank is killed inside MPI: a rank killed there leaves its shared
+        memory segments behind, and the requeued job, which has the same job and step
+        ids, would attach to them and fail in ``MPI_Init``.
+
+        .. warning:: Collective; does not return.
+        """
+        self.comm.Barrier()
+        rank = self.comm.rank
+        sys.stdout.flush()
+        MPI.Finalize()
+        job = _slurm_job_id() if rank == 0 else None
+        if job:
+            done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+            if done.returncode != 0:
+                print(f"hpcddp: preempted, but scontrol requeue {job} failed: "
+                      f"{done.stderr.strip()}", flush=True)
+                sys.exit(1)
+        if rank == 0:
+            print("hpcddp: preempted; " + (f"requeued Slurm job {job}" if job else
+                                            "not under Slurm, exiting"), flush=True)
+        sys.exit(code)
+
+    def close(self) -> None:
+        """Restore the previous handler."""
+        signal.signal(self.signum, self._previous)

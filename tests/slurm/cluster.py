@@ -1,0 +1,200 @@
+"""A real single-node Slurm cluster for tests: munge, slurmctld and slurmd on this machine.
+
+Everything lives in a temporary directory and reaches Slurm through ``SLURM_CONF``;
+nothing is written to /etc. Daemons are stopped by PID.
+
+    cluster = SlurmCluster.start()      # raises Unavailable with the reason
+    job_id = cluster.sbatch("slurm/train.sbatch", env=...)
+    cluster.wait(job_id)
+    cluster.stop()
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+PACKAGES = ["slurmd", "slurmctld", "slurm-client", "munge"]
+BINARIES = ["munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "squeue"]
+
+
+class Unavailable(RuntimeError):
+    """Slurm cannot be provided here; the message says why."""
+
+
+def ensure_packages():
+    if all(shutil.which(b) or os.path.exists(f"/usr/sbin/{b}") for b in BINARIES):
+        return
+    if os.geteuid() != 0:
+        raise Unavailable("Slurm is not installed and installing it needs root: "
+                          "apt-get install " + " ".join(PACKAGES))
+    done = subprocess.run(["apt-get", "install", "-y", "-qq", *PACKAGES],
+                          capture_output=True, text=True,
+                          env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    if done.returncode != 0:
+        subprocess.run(["apt-get", "update", "-qq"], capture_output=True)
+        done = subprocess.run(["apt-get", "install", "-y", "-qq", *PACKAGES],
+                              capture_output=True, text=True,
+                              env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    if done.returncode != 0:
+        raise Unavailable(f"apt-get install {' '.join(PACKAGES)} failed: {done.stderr[-500:]}")
+
+
+def _sbin(name):
+    return shutil.which(name) or f"/usr/sbin/{name}"
+
+
+CONF = """\
+ClusterName=hpcddp-test
+SlurmctldHost={host}
+SlurmctldPort={ctld_port}
+SlurmdPort={d_port}
+AuthType=auth/munge
+AuthInfo=socket={munge_socket}
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={dir}/state
+SlurmdSpoolDir={dir}/spool
+SlurmctldPidFile={dir}/slurmctld.pid
+SlurmdPidFile={dir}/slurmd.pid
+SlurmctldLogFile={dir}/slurmctld.log
+SlurmdLogFile={dir}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+MpiDefault=none
+ReturnToService=2
+JobRequeue=1
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1
+MessageTimeout=30
+KillWait=5
+InactiveLimit=0
+MinJobAge=600
+JobCompType=jobcomp/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+NodeName={host} CPUs={cpus} State=UNKNOWN
+PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+"""
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SlurmCluster:
+    def __init__(self, directory: Path):
+        self.dir = directory
+        self.conf = directory / "slurm.conf"
+        self.procs = []
+        self.env = dict(os.environ, SLURM_CONF=str(self.conf))
+
+    @classmethod
+    def start(cls, cpus=None):
+        if os.geteuid() != 0:
+            raise Unavailable("the test cluster runs its daemons as root; run as root")
+        ensure_packages()
+        cluster = cls(Path(tempfile.mkdtemp(prefix="hpcddp-slurm-")))
+        try:
+            cluster._start(cpus or os.cpu_count())
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    def _start(self, cpus):
+        d = self.dir
+        for sub in ("state", "spool", "munge"):
+            (d / sub).mkdir()
+        os.chmod(d, 0o755)
+        os.chmod(d / "munge", 0o755)  # munge refuses a socket directory others can write
+        key = d / "munge" / "munge.key"
+        key.write_bytes(os.urandom(128))
+        os.chmod(key, 0o600)
+        sock = d / "munge" / "munge.socket"
+        munged = subprocess.run(
+            [_sbin("munged"), "--force", f"--socket={sock}", f"--key-file={key}",
+             f"--pid-file={d / 'munge' / 'munged.pid'}", f"--log-file={d / 'munge' / 'munged.log'}",
+             f"--seed-file={d / 'munge' / 'munged.seed'}"], capture_output=True, text=True)
+        if munged.returncode != 0:
+            raise Unavailable(f"munged did not start: {munged.stderr.strip()}")
+        host = socket.gethostname()
+        self.conf.write_text(CONF.format(host=host, dir=d, munge_socket=sock, cpus=cpus,
+                                         ctld_port=_free_port(), d_port=_free_port()))
+        for daemon in ("slurmctld", "slurmd"):
+            log = open(d / f"{daemon}.out", "w")
+            self.procs.append(subprocess.Popen([_sbin(daemon), "-D", "-f", str(self.conf)],
+                                               stdout=log, stderr=subprocess.STDOUT,
+                                               env=self.env, start_new_session=True))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            state = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True,
+                                   env=self.env).stdout.strip()
+            if state in ("idle", "mixed", "allocated"):
+                return
+            if any(p.poll() is not None for p in self.procs):
+                break
+            time.sleep(0.5)
+        logs = "\n".join((d / f).read_text()[-1500:] for f in ("slurmctld.out", "slurmd.out")
+                         if (d / f).exists())
+        raise Unavailable(f"Slurm did not come up (node state {state!r}):\n{logs}")
+
+    def run(self, *args, check=True):
+        done = subprocess.run(list(args), capture_output=True, text=True, env=self.env)
+        if check and done.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)}: {done.stderr.strip()}")
+        return done.stdout
+
+    def sbatch(self, *args, env=None) -> int:
+        environment = dict(self.env, **(env or {}))
+        done = subprocess.run(["sbatch", "--parsable", *map(str, args)], capture_output=True,
+                              text=True, env=environment)
+        if done.returncode != 0:
+            raise RuntimeError(f"sbatch failed: {done.stderr.strip()}")
+        return int(done.stdout.strip().split(";")[0])
+
+    def job(self, job_id) -> dict:
+        """``scontrol show job`` as a dictionary."""
+        text = self.run("scontrol", "show", "job", str(job_id), check=False)
+        fields = {}
+        for token in text.split():
+            key, _, value = token.partition("=")
+            if _:
+                fields.setdefault(key, value)
+        return fields
+
+    def wait(self, job_id, timeout=300, states=("COMPLETED", "FAILED", "CANCELLED",
+                                                  "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.job(job_id).get("JobState")
+            if state in states:
+                return self.job(job_id)
+            time.sleep(0.5)
+        raise TimeoutError(f"job {job_id} still {self.job(job_id).get('JobState')} after "
+                           f"{timeout}s")
+
+    def stop(self):
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        pid_file = self.dir / "munge" / "munged.pid"
+        if pid_file.exists():
+            try:
+                os.kill(int(pid_file.read_text().strip()), 15)
+            except (OSError, ValueError):
+                pass
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,39 @@
+"""A real single-node Slurm for the tests in this folder, or a skip that says why."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cluster import SlurmCluster, Unavailable  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    try:
+        cluster = SlurmCluster.start()
+    except Unavailable as why:
+        pytest.skip(f"no Slurm here: {why}")
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def submit(slurm, tmp_path):
+    """Submit ``slurm/train.sbatch`` from the repository root with this venv's Python."""
+    def run(*args, log="train.out", sbatch_args=()):
+        path = tmp_path / log
+        job = slurm.sbatch(*sbatch_args, "--chdir", ROOT, "--output", path,
+                           ROOT / "slurm" / "train.sbatch", *args,
+                           env={"PYTHON": sys.executable})
+        return job, path
+    return run
+
+
+def read_log(path) -> str:
+    """The job log with progress-bar redraws turned into lines."""
+    return Path(path).read_text().replace("\r", "\n") if os.path.exists(path) else ""

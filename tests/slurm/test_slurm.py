@@ -1,0 +1,72 @@
+"""slurm/train.sbatch on a real single-node Slurm: a plain run, a preemption with requeue,
+and the launch mistakes the singleton guard catches."""
+
+import re
+import sys
+import time
+
+from conftest import ROOT, read_log
+
+
+def _final(text):
+    accuracy = re.search(r"^world_size=(\d+) test_accuracy=([\d.]+)$", text, re.M)
+    digest = re.search(r"^parameters_sha256=(\w+)$", text, re.M)
+    return accuracy and (int(accuracy.group(1)), float(accuracy.group(2))), \
+        digest and digest.group(1)
+
+
+def test_submit_trains_to_accuracy(slurm, submit, tmp_path):
+    job, log = submit("--run-dir", tmp_path / "run", "--epochs", "12")
+    info = slurm.wait(job, timeout=300)
+    text = read_log(log)
+    assert info["JobState"] == "COMPLETED", text[-3000:]
+    (size, accuracy), _ = _final(text)
+    assert size == 2 and accuracy >= 0.95, text[-2000:]
+    assert "srun --mpi=pmi2" in text
+
+
+def test_preemption_checkpoints_requeues_once_and_resumes_identically(slurm, submit,
+                                                                     tmp_path):
+    epochs = ["--epochs", "40"]
+    job, log = submit("--run-dir", tmp_path / "preempted", *epochs, log="preempted.out")
+    deadline = time.monotonic() + 120
+    while "epoch 3:" not in read_log(log):
+        assert time.monotonic() < deadline, read_log(log)[-2000:]
+        time.sleep(0.1)
+    # As the scheduler's warning does with --signal=B:USR1: only the batch shell.
+    slurm.run("scancel", "--batch", "--signal=USR1", str(job))
+    info = slurm.wait(job, timeout=600)
+    text = read_log(log)
+    assert info["JobState"] == "COMPLETED", text[-3000:]
+    assert info["Restarts"] == "1"
+    assert "batch shell got SIGUSR1, forwarding it to the ranks" in text
+    for rank in (0, 1):
+        assert f"rank {rank}: preemption requested (signal received here: True)" in text
+    assert text.count("hpcddp: preempted; requeued Slurm job") == 1
+    assert re.search(r"checkpointed at epoch \d+ step \d+", text)
+    assert re.search(r"resumed from .* \(SLURM_RESTART_COUNT=1\)", text)
+
+    reference, ref_log = submit("--run-dir", tmp_path / "uninterrupted", *epochs,
+                                log="uninterrupted.out")
+    assert slurm.wait(reference, timeout=300)["JobState"] == "COMPLETED"
+    assert _final(text) == _final(read_log(ref_log))
+    assert _final(text)[1] is not None
+
+
+def test_srun_without_pmi_is_refused_on_every_task(slurm, tmp_path):
+    log = tmp_path / "none.out"
+    job = slurm.sbatch("-n", "2", "--chdir", ROOT, "--output", log, "--wrap",
+                       f"srun --mpi=none {sys.executable} tests/jobs/scripts/show_world.py")
+    info = slurm.wait(job, timeout=120)
+    text = read_log(log)
+    assert info["JobState"] == "FAILED"
+    assert text.count("MPI world size is 1 but SLURM_STEP_NUM_TASKS=2") == 2, text
+    assert "srun --mpi=pmi2" in text
+
+
+def test_serial_command_inside_a_multitask_job_runs(slurm, tmp_path):
+    log = tmp_path / "serial.out"
+    job = slurm.sbatch("-n", "2", "--chdir", ROOT, "--output", log, "--wrap",
+                       f"{sys.executable} tests/jobs/scripts/show_world.py")
+    assert slurm.wait(job, timeout=120)["JobState"] == "COMPLETED", read_log(log)
+    assert "rank=0 size=1" in read_log(log)
