@@ -1,6 +1,5 @@
 """A real single-node Slurm for the tests in this folder, or a skip that says why."""
 
-import os
 import sys
 from pathlib import Path
 
@@ -8,8 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster import SlurmCluster, Unavailable  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
+from slurm_util import ROOT  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -32,8 +30,3 @@ def submit(slurm, tmp_path):
                            env={"PYTHON": sys.executable})
         return job, path
     return run
-
-
-def read_log(path) -> str:
-    """The job log with progress-bar redraws turned into lines."""
-    return Path(path).read_text().replace("\r", "\n") if os.path.exists(path) else ""

@@ -5,7 +5,7 @@ import re
 import sys
 import time
 
-from conftest import ROOT, read_log
+from slurm_util import ROOT, read_log
 
 
 def _final(text):

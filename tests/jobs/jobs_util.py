@@ -1,0 +1,51 @@
+"""Launching whole MPI jobs as subprocesses and watching how they end."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+BIN = Path(sys.executable).parent
+
+
+def mpiexec():
+    candidate = os.environ.get("MPIEXEC") or str(BIN / "mpiexec")
+    return candidate if Path(candidate).exists() else "mpiexec"
+
+
+class Finished:
+    def __init__(self, returncode, stdout, stderr, seconds, timed_out):
+        self.returncode, self.seconds, self.timed_out = returncode, seconds, timed_out
+        self.stdout, self.stderr = stdout, stderr
+        self.output = stdout + stderr
+
+
+def _clean_env(extra):
+    # A job started from inside another launcher's step would inherit its variables.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "SLURM_STEP", "MPI_LOCAL", "HYDRA"))}
+    env.update(extra or {})
+    return env
+
+
+def launch(args, n=None, env=None, timeout=120):
+    """Run ``[mpiexec -n N] python ARGS``; on timeout kill the whole process group.
+
+    Killing only mpiexec would leave its ranks running (and spinning in MPI progress).
+    """
+    command = ([mpiexec(), "-n", str(n)] if n else []) + [sys.executable] + [str(a) for a in args]
+    start = time.monotonic()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_clean_env(env), cwd=ROOT, start_new_session=True)
+    timed_out = False
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+    return Finished(proc.returncode, stdout, stderr, time.monotonic() - start, timed_out)
