@@ -24,7 +24,7 @@ class Finished:
         self.output = stdout + stderr
 
 
-def _clean_env(extra):
+def clean_env(extra):
     # A job started from inside another launcher's step would inherit its variables.
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PMI_", "PMIX_", "OMPI_", "SLURM_STEP", "MPI_LOCAL", "HYDRA"))}
@@ -40,7 +40,7 @@ def launch(args, n=None, env=None, timeout=120):
     command = ([mpiexec(), "-n", str(n)] if n else []) + [sys.executable] + [str(a) for a in args]
     start = time.monotonic()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_clean_env(env), cwd=ROOT, start_new_session=True)
+                            env=clean_env(env), cwd=ROOT, start_new_session=True)
     timed_out = False
     try:
         stdout, stderr = proc.communicate(timeout=timeout)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from jobs_util import ROOT, _clean_env, mpiexec
+from jobs_util import ROOT, clean_env, mpiexec
 
 
 def _ranks(marker):
@@ -36,7 +36,7 @@ def test_signal_checkpoints_and_exits_then_resume_matches(run_job, tmp_path):
     log = tmp_path / "log"
     with open(log, "w") as out:
         job = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                               env=_clean_env({}), start_new_session=True)
+                               env=clean_env({}), start_new_session=True)
         deadline = time.monotonic() + 120
         while "epoch 3:" not in log.read_text():
             assert time.monotonic() < deadline and job.poll() is None, log.read_text()[-2000:]
