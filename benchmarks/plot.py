@@ -1,0 +1,70 @@
+"""Draw the benchmark tables of the README from ``benchmarks/results/*.json``.
+
+Run: ``python benchmarks/plot.py`` (needs matplotlib: ``pip install 'hpcddp[bench]'``).
+Writes ``benchmarks/results/summary.png``.
+"""
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def load(name):
+    return json.loads((RESULTS / f"{name}.json").read_text())
+
+
+def main():
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+
+    ddp = {r["model"]: r for r in load("ddp")["results"]}
+    ax = axes[0][0]
+    keys = ["no_communication", "torch_ddp_gloo", "hpcddp", "hpcddp_bucket_view"]
+    width = 0.2
+    for i, key in enumerate(keys):
+        values = [ddp[m]["step_ms"][key] / ddp[m]["step_ms"]["no_communication"] for m in ddp]
+        ax.bar([x + i * width for x in range(len(ddp))], values, width, label=key)
+    ax.set_xticks([x + 1.5 * width for x in range(len(ddp))], list(ddp))
+    ax.set_ylabel("step time / no-communication step")
+    ax.set_title("DDP step, 2 ranks (lower is better)")
+    ax.legend(fontsize=8)
+
+    rows = load("allreduce")["rows"]
+    ax = axes[0][1]
+    sizes = [r["bytes"] for r in rows]
+    for key in ("hpcddp_ms", "gloo_ms", "mpi4py_ms"):
+        ax.loglog(sizes, [r[key] for r in rows], marker="o", label=key[:-3])
+    ax.set_xlabel("message bytes")
+    ax.set_ylabel("ms")
+    ax.set_title("torch.distributed all_reduce, 2 ranks")
+    ax.legend(fontsize=8)
+
+    loader = load("loader")["results"]
+    ax = axes[1][0]
+    seq = loader["sequential"]["GiB_per_s"]
+    ax.barh(list(seq), list(seq.values()))
+    ax.set_xlabel("GiB/s, 2 ranks")
+    ax.set_title("sequential epoch of 1 GiB (higher is better)")
+    ax.tick_params(axis="y", labelsize=8)
+
+    ck = load("checkpoint")["ms"]
+    ax = axes[1][1]
+    names = ["hpcddp_save", "torch_save_fsync", "hpcddp_load", "torch_load"]
+    ax.bar(names, [ck[n] for n in names], color=["C0", "C1", "C0", "C1"])
+    ax.set_ylabel("ms")
+    ax.set_title("checkpoint of 72 MiB (MLP + Adam), 2 ranks")
+    ax.tick_params(axis="x", labelsize=8)
+
+    fig.tight_layout()
+    out = RESULTS / "summary.png"
+    fig.savefig(out, dpi=90)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
