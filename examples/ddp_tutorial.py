@@ -30,17 +30,21 @@ class ToyModel(nn.Module):
         return self.net2(self.relu(self.net1(x)))
 
 
+def train_step(ddp_model, device):
+    loss_fn = nn.MSELoss()
+    optimizer = optim.SGD(ddp_model.parameters(), lr=0.001)
+    optimizer.zero_grad()
+    outputs = ddp_model(torch.randn(20, 10, device=device))
+    labels = torch.randn(20, 5, device=device)
+    loss_fn(outputs, labels).backward()
+    optimizer.step()
+
+
 def demo_basic(world):
     print(f"Running basic DDP example on rank {world.rank}.")
     model = ToyModel().to(world.device)
     ddp_model = DDP(model, device_ids=[world.local_rank])     # unchanged (ignored on CPUs)
-    loss_fn = nn.MSELoss()
-    optimizer = optim.SGD(ddp_model.parameters(), lr=0.001)
-    optimizer.zero_grad()
-    outputs = ddp_model(torch.randn(20, 10, device=world.device))
-    labels = torch.randn(20, 5, device=world.device)
-    loss_fn(outputs, labels).backward()
-    optimizer.step()
+    train_step(ddp_model, world.device)
     print(f"Finished running basic DDP example on rank {world.rank}.")
 
 
@@ -54,13 +58,7 @@ def demo_checkpoint(world):
         torch.save(ddp_model.state_dict(), path)
     dist.barrier()                                              # unchanged: MPI-backed
     ddp_model.load_state_dict(torch.load(path, map_location=world.device, weights_only=True))
-    loss_fn = nn.MSELoss()
-    optimizer = optim.SGD(ddp_model.parameters(), lr=0.001)
-    optimizer.zero_grad()
-    outputs = ddp_model(torch.randn(20, 10, device=world.device))
-    labels = torch.randn(20, 5, device=world.device)
-    loss_fn(outputs, labels).backward()
-    optimizer.step()
+    train_step(ddp_model, world.device)
     dist.barrier()
     if world.is_main:
         os.remove(path)
