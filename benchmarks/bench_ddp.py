@@ -70,10 +70,10 @@ def gradient_memory(ddp):
     return sum(buckets.values()) + sum(outside.values())
 
 
-def bench_model(name, world, gloo, steps, caps):
+def bench_model(name, world, gloo, steps, caps, device):
     make, data = MODELS[name]
     torch.manual_seed(0)
-    base = make()
+    base = make().to(device)
     grad_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
     flat = np.ones(grad_bytes // 4, dtype=np.float32)
     variants = {
@@ -94,7 +94,7 @@ def bench_model(name, world, gloo, steps, caps):
     variants["hpcddp_progress_thread"] = _stepper(threaded)
     samples = {k: [] for k in variants}
     samples["raw_allreduce"] = []
-    x, y = data()
+    x, y = (t.to(device) for t in data())
     for fn in variants.values():
         for _ in range(3):
             fn(x, y)  # warm-up, includes the bucket rebuild
@@ -129,13 +129,17 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--models", default="mlp,toy_cifar")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda for this rank's GPU")
     args = parser.parse_args()
     world = hpcddp.init()
     gloo, _backend, _store = make_gloo_group(world)
-    results = [bench_model(m, world, gloo, args.steps, caps=(1, 5, 100))
+    device = world.device if args.device == "cuda" else torch.device("cpu")
+    results = [bench_model(m, world, gloo, args.steps, caps=(1, 5, 100), device=device)
                for m in args.models.split(",")]
-    path = write("ddp", {"benchmark": "DDP training step", "steps": args.steps,
-                         "threads_per_rank": torch.get_num_threads(), "results": results}, world)
+    name = "ddp" if device.type == "cpu" else "ddp_cuda"
+    path = write(name, {"benchmark": "DDP training step", "device": str(device),
+                        "cuda_aware": world.cuda_aware, "steps": args.steps,
+                        "threads_per_rank": torch.get_num_threads(), "results": results}, world)
     if path:
         print(f"wrote {path}")
 

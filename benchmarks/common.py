@@ -23,6 +23,8 @@ def timed(comm, fn):
     comm.Barrier()
     start = time.perf_counter()
     fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()  # GPU work is asynchronous: time it to the end
     return comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
 
 

@@ -19,5 +19,8 @@ def make_gloo_group(world):
     group = dist.ProcessGroup(store, world.rank, world.size)
     backend = dist.ProcessGroupGloo(store, world.rank, world.size, timedelta(seconds=60))
     group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
-    group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:  # gloo reduces CUDA tensors through host memory
+        group._register_backend(torch.device(device), dist.ProcessGroup.BackendType.GLOO,
+                                backend)
     return group, backend, store

@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler as TorchSampler
 
+from gpu import skip_or_fail_without_gpu
 from hpcddp.data import DataFileError, H5Dataset, ShardedLoader
 from hpcddp.data.pack import pack_arrays
 
@@ -174,8 +175,8 @@ def test_memmap_backend_refused_for_compressed_data(world, files):
         ShardedLoader(paths["gzip"], ["x"], batch_size=4, backend="memmap")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU for pinned batches")
 def test_batches_land_on_the_gpu(world, files):
+    skip_or_fail_without_gpu("pinned batches copied to the GPU")
     paths, _ = files
     loader = ShardedLoader(paths["flat"], ["x"], batch_size=4, device=world.device)
     (x,) = next(iter(loader))

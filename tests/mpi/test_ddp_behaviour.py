@@ -11,11 +11,6 @@ import hpcddp
 from ddp_models import MLP, SometimesUnused, global_batch, share
 
 
-@pytest.fixture(scope="module")
-def world():
-    return hpcddp.init()
-
-
 def _backward(ddp, world, step=0):
     x, y = global_batch(step, world.size)
     F.mse_loss(ddp(share(x, world.rank)), share(y, world.rank)).backward()

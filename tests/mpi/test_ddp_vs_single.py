@@ -8,14 +8,10 @@ import torch.nn.functional as F
 
 import hpcddp
 from ddp_models import MLP, Checkpointed, Tied, global_batch, share
+from gpu import skip_or_fail_without_gpu
 
 STEPS = 4
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
-
-
-@pytest.fixture(scope="module")
-def world():
-    return hpcddp.init()
 
 
 def _loss(model, x, y, kind):
@@ -24,11 +20,14 @@ def _loss(model, x, y, kind):
 
 
 def _train(world, make_model, kind="dense", dtype=torch.float32, accumulate=1,
-           reduce=True, compile=False, reference_scale=1.0, **ddp_kwargs):
-    """Train hpcddp and a single-process reference; return both parameter lists."""
+           reduce=True, compile=False, reference_scale=1.0, device="cpu", **ddp_kwargs):
+    """Train hpcddp and a single-process reference; return both parameter lists.
+
+    With ``device="cuda"`` hpcddp trains on this rank's GPU; the reference stays on the CPU.
+    """
     torch.manual_seed(0)
     reference = make_model().to(dtype)
-    model = copy.deepcopy(reference)
+    model = copy.deepcopy(reference).to(world.device if device == "cuda" else "cpu")
     if compile:
         model = torch.compile(model, backend="eager")
     ddp = hpcddp.DistributedDataParallel(model, **ddp_kwargs)
@@ -43,6 +42,7 @@ def _train(world, make_model, kind="dense", dtype=torch.float32, accumulate=1,
             # Reference: mean loss over the global batch, averaged over micro-batches.
             (_loss(reference, x, y, kind) * reference_scale / accumulate).backward()
             xs, ys = share(x, world.rank), share(y, world.rank)
+            xs, ys = xs.to(model_device(ddp)), ys.to(model_device(ddp))
             if not reduce:
                 ddp.require_backward_grad_sync = False
                 _loss(ddp, xs, ys, kind).div(accumulate).backward()
@@ -57,9 +57,13 @@ def _train(world, make_model, kind="dense", dtype=torch.float32, accumulate=1,
     return ddp, list(ddp.module.parameters()), list(reference.parameters())
 
 
+def model_device(ddp):
+    return next(ddp.module.parameters()).device
+
+
 def _assert_match(ours, theirs, dtype=torch.float32):
     for a, b in zip(ours, theirs):
-        torch.testing.assert_close(a.detach().float(), b.detach().float(), **TOL[dtype])
+        torch.testing.assert_close(a.detach().float().cpu(), b.detach().float(), **TOL[dtype])
 
 
 def _assert_far(ours, theirs):
@@ -80,11 +84,16 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_matches_single_process_training(world, case):
+def test_matches_single_process_training(world, case, device):
+    if device == "cuda":
+        skip_or_fail_without_gpu("the CUDA variant of the DDP correctness tests")
+        if case == "compile":
+            pytest.skip("torch.compile on CUDA needs Triton; the CPU case covers compile")
     kwargs = dict(CASES[case])
     dtype = kwargs.get("dtype", torch.float32)
-    _, ours, theirs = _train(world, **kwargs)
+    _, ours, theirs = _train(world, device=device, **kwargs)
     _assert_match(ours, theirs, dtype)
 
 

@@ -10,11 +10,6 @@ from mpi4py import MPI
 import hpcddp
 
 
-@pytest.fixture(scope="module")
-def world():
-    return hpcddp.init()
-
-
 def test_rank_and_size_are_mpis(world):
     assert (world.rank, world.size) == (MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size)
     assert world.is_main == (MPI.COMM_WORLD.rank == 0)
