@@ -194,7 +194,12 @@ class SlurmCluster:
         pid_file = self.dir / "munge" / "munged.pid"
         if pid_file.exists():
             try:
-                os.kill(int(pid_file.read_text().strip()), 15)
+                pid = int(pid_file.read_text().strip())
+                os.kill(pid, 15)
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:  # munged writes its seed file on exit
+                    os.kill(pid, 0)
+                    time.sleep(0.1)
             except (OSError, ValueError):
                 pass
         shutil.rmtree(self.dir, ignore_errors=True)
