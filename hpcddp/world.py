@@ -73,8 +73,25 @@ class World:
         self.device = _bind_device(self.local_rank)
         self.num_threads = get_setting("NUM_THREADS") or _cpus_for_rank(self.local_comm)
         torch.set_num_threads(self.num_threads)
-        aware = detect_cuda_aware(self.comm, get_setting("CUDA_AWARE"))
+        override = get_setting("CUDA_AWARE")
+        aware = detect_cuda_aware(self.comm, override)
         self.cuda_aware, self.cuda_aware_reason = aware.aware, aware.reason
+        if aware.aware and override is None and torch.cuda.is_available():
+            self._confirm_cuda_aware()
+
+    def _confirm_cuda_aware(self) -> None:
+        """Run the device-buffer self-test once (rank 0) and fall back to staging if it fails.
+
+        .. warning:: Collective.
+        """
+        from hpcddp.comm.selftest import run_self_test
+        result = run_self_test() if self.rank == 0 else None
+        result = self.comm.bcast(result, root=0)
+        if result.passed:
+            self.cuda_aware_reason += f"; {result.reason}"
+        else:
+            self.cuda_aware = False
+            self.cuda_aware_reason += f"; but {result.reason}: staging through host memory"
 
     def barrier(self) -> None:
         """Wait until every rank arrives.

@@ -68,3 +68,15 @@ def test_cuda_awareness_of_this_mpi_is_explained(world):
     # The mpich wheel is built without CUDA; the reason must say how we know.
     assert world.cuda_aware is False
     assert "MPIX_Query_cuda_support() = 0" in world.cuda_aware_reason
+
+
+def test_cuda_aware_self_test_on_a_gpu(world):
+    from gpu import skip_or_fail_without_gpu
+    skip_or_fail_without_gpu("the device-buffer allreduce self-test")
+    from hpcddp.comm.selftest import run_self_test
+    result = run_self_test()
+    # Either verdict is legitimate; what matters is that a non-aware MPI is caught here
+    # instead of crashing, and that World agrees with the verdict when it ran.
+    assert result.reason
+    if "self-test" in world.cuda_aware_reason:
+        assert world.cuda_aware == result.passed
