@@ -4,10 +4,12 @@ Life of one synchronized backward:
 
 1. A parameter's post-accumulate-grad hook copies its gradient into its bucket (or,
    with ``gradient_as_bucket_view``, makes ``.grad`` a view of the bucket).
-2. When a bucket's last gradient is in, it is divided by the world size and an
-   ``Iallreduce`` starts, but strictly in bucket order: MPI needs every rank to issue
-   collectives on a communicator in the same order, and gradients become ready in
-   different orders on different ranks (torch's reducer does the same).
+2. When a bucket's last gradient is in, it is divided by the world size and handed to
+   the ``Transport``, which issues its ``Iallreduce`` strictly in bucket order: MPI
+   needs every rank to issue collectives on a communicator in the same order, and
+   gradients become ready in different orders on different ranks (torch's reducer does
+   the same). A CUDA bucket is issued once an event recorded after its gradients has
+   completed, from device memory or through pinned host memory (``transport.py``).
 3. Every hook calls ``Test`` on the pending requests: MPI makes no progress while Python
    computes, and a pending 16 MB allreduce left alone cost its full time at ``Wait``.
 4. At the end of backward (an autograd engine callback) the ranks agree, on a separate
@@ -23,10 +25,8 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from hpcddp.buffers import mpi_view
-from hpcddp.comm import Handle
-from hpcddp.comm.ops import mpi_op
 from hpcddp.ddp.buckets import FIRST_BUCKET_BYTES, ParamSpec, assign_buckets
+from hpcddp.ddp.transport import Transfer, Transport
 
 __all__ = ["Reducer"]
 
@@ -64,7 +64,7 @@ class _Bucket:
         self.views = [self.buffer[o:o + params[i].numel()].view_as(params[i])
                       for i, o in zip(layout.params, layout.offsets)]
         self.pending = set()
-        self.handle: Optional[Handle] = None
+        self.handle: Optional[Transfer] = None
 
 
 def _is_view_of(grad, view):
@@ -94,11 +94,11 @@ class Reducer:
         self.find_unused = find_unused_parameters
         self.as_view = gradient_as_bucket_view
         self.cuda_aware = cuda_aware
+        self.transport = Transport(comm, cuda_aware)
         self.progress_thread = progress_thread
         self._pump: Optional[_ProgressPump] = None
         self.specs = [ParamSpec(p.numel(), p.element_size(), str(p.dtype), str(p.device))
                       for p in self.params]
-        self.collectives = 0  # Iallreduce calls issued, for inspection
         self.trace: Optional[List[tuple]] = None  # set to [] to record hook/launch events
         self._can_rebuild = static_graph or not find_unused_parameters
         self._ready_order: Optional[List[int]] = [] if self._can_rebuild else None
@@ -192,7 +192,7 @@ class Reducer:
 
     def _launch_ready(self) -> None:
         while self._next < len(self.buckets) and not self.buckets[self._next].pending:
-            self._launch(self.buckets[self._next])
+            self._launch(self.buckets[self._next], self._next)
             if self.trace is not None:
                 self.trace.append(("launch", self._next))
             self._next += 1
@@ -203,21 +203,24 @@ class Reducer:
         # which saves one pass over the gradients.
         return self.as_view or bucket.buffer.element_size() < 4
 
-    def _launch(self, bucket: _Bucket) -> None:
+    @property
+    def collectives(self) -> int:
+        """``Iallreduce`` calls issued so far, for inspection."""
+        return self.transport.collectives
+
+    def _launch(self, bucket: _Bucket, slot: int) -> None:
         if self._divide_first(bucket):
             bucket.buffer.div_(self.comm.size)
-        view = mpi_view(bucket.buffer, self.cuda_aware)
-        request = self.comm.Iallreduce(MPI.IN_PLACE, view.buf, op=mpi_op("sum", view.kind))
-        bucket.handle = Handle([request], keep=[view.buf], on_complete=view.finish)
-        self.collectives += 1
+        bucket.handle = self.transport.start(bucket.buffer, slot)
         if self.progress_thread and self._pump is None:
             self._pump = _ProgressPump(self.comm)
 
     def progress(self) -> None:
-        """Let MPI advance the pending allreduces (``Test`` on each)."""
+        """Issue the buckets whose data is ready, and let MPI advance the pending ones
+        (``Test`` on each)."""
+        self.transport.advance()
         for bucket in self.buckets[:self._next]:
-            if not bucket.handle.done:
-                bucket.handle.test()
+            bucket.handle.test()
 
     def _finalize(self) -> None:
         self._armed = False

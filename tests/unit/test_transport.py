@@ -1,0 +1,181 @@
+"""The ordering logic of bucket transfers, with a stand-in CUDA API.
+
+No GPU here, so streams and events are stand-ins that record what is asked of them and
+complete only when a test says so; the MPI calls are real (``COMM_SELF``) and so are
+the tensors (on the CPU). The same transfers run on a real GPU in
+``tests/mpi/test_ddp_vs_single.py`` and ``test_ddp_vs_torch.py`` (their CUDA variants).
+"""
+
+from contextlib import contextmanager
+
+import pytest
+import torch
+from mpi4py import MPI
+
+from hpcddp.ddp.transport import Transport, transfer_mode
+from hpcddp.pinned import HostBuffer
+
+
+class FakeEvent:
+    def __init__(self, cuda):
+        self.cuda, self.done, self.name = cuda, False, f"event{len(cuda.events)}"
+        cuda.events.append(self)
+
+    def record(self, stream):
+        self.cuda.log.append(("record", self.name, stream.name))
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):
+        self.cuda.log.append(("synchronize", self.name))
+        self.done = True
+
+
+class FakeStream:
+    def __init__(self, cuda, name):
+        self.cuda, self.name = cuda, name
+
+    def wait_event(self, event):
+        self.cuda.log.append(("wait", self.name, event.name))
+
+
+class FakeCuda:
+    """Records the calls a Transport makes of ``torch.cuda``."""
+
+    def __init__(self):
+        self.log, self.events = [], []
+        self.compute = FakeStream(self, "compute")
+
+    def Event(self):  # noqa: N802 - the name torch.cuda uses
+        return FakeEvent(self)
+
+    def Stream(self, device):  # noqa: N802
+        return FakeStream(self, "side")
+
+    def current_stream(self, device):
+        return self.compute
+
+    @contextmanager
+    def stream(self, stream):
+        self.log.append(("enter", stream.name))
+        yield
+        self.log.append(("exit", stream.name))
+
+    def synchronize(self):  # a device-wide sync: the transport must never call it
+        self.log.append(("device-synchronize",))
+
+
+@pytest.fixture
+def cuda():
+    return FakeCuda()
+
+
+def transport(cuda):
+    return Transport(MPI.COMM_SELF, cuda_aware=False, cuda=cuda, pinned=False)
+
+
+def test_staged_bucket_is_copied_on_a_side_stream_after_its_producer(cuda):
+    t = transport(cuda)
+    bucket = torch.arange(6, dtype=torch.float32)
+    transfer = t.start(bucket, slot=0, mode="staged")
+    assert cuda.log == [("record", "event0", "compute"),  # gradients produced
+                        ("wait", "side", "event0"),       # the copy waits for them
+                        ("enter", "side"), ("record", "event1", "side"), ("exit", "side")]
+    assert t.collectives == 0 and transfer.handle is None, "issued before the copy completed"
+    assert torch.equal(transfer.host, torch.arange(6, dtype=torch.float32))
+    cuda.events[1].done = True
+    t.advance()
+    assert t.collectives == 1 and transfer.handle is not None
+
+
+def test_staged_result_is_copied_back_and_the_consumer_waits_for_it(cuda):
+    t = transport(cuda)
+    bucket = torch.arange(6, dtype=torch.float32)
+    transfer = t.start(bucket, slot=0, mode="staged")
+    bucket.zero_()  # whatever the bucket holds now, the result must come from MPI's buffer
+    cuda.log.clear()
+    transfer.wait()
+    assert cuda.log == [("synchronize", "event1"),  # the copy's event, not the device
+                        ("enter", "side"), ("record", "event2", "side"), ("exit", "side"),
+                        ("wait", "compute", "event2")]
+    assert torch.equal(bucket, torch.arange(6, dtype=torch.float32))
+
+
+def test_transfers_are_issued_in_start_order_whatever_completes_first(cuda):
+    t = transport(cuda)
+    first = t.start(torch.ones(4), slot=0, mode="staged")
+    second = t.start(torch.ones(8), slot=1, mode="staged")
+    second.ready.done = True
+    t.advance()
+    assert first.handle is None and second.handle is None and t.pending() == 2
+    first.ready.done = True
+    t.advance()
+    assert first.handle is not None and second.handle is not None and t.pending() == 0
+
+
+def test_waiting_for_a_later_transfer_issues_the_earlier_ones_first(cuda):
+    t = transport(cuda)
+    first = t.start(torch.ones(4), slot=0, mode="device")
+    second = t.start(torch.ones(8), slot=1, mode="device")
+    cuda.log.clear()
+    second.wait()
+    assert cuda.log == [("synchronize", first.ready.name), ("synchronize", second.ready.name)]
+    assert first.handle is not None and t.collectives == 2
+    first.wait()
+    assert torch.equal(first.buffer, torch.ones(4))
+
+
+def test_device_bucket_waits_on_its_own_event_never_the_device(cuda):
+    t = transport(cuda)
+    transfer = t.start(torch.ones(4), slot=0, mode="device")
+    assert cuda.log == [("record", "event0", "compute")]
+    assert transfer.handle is None
+    transfer.ready.done = True
+    t.advance()
+    transfer.wait()
+    assert transfer.host is None, "a device bucket must not be staged"
+    assert ("device-synchronize",) not in cuda.log
+    assert cuda.log == [("record", "event0", "compute")], "nothing to copy back"
+
+
+def test_host_bucket_is_issued_at_once_without_events(cuda):
+    t = transport(cuda)
+    transfer = t.start(torch.ones(4), slot=0)
+    assert transfer.mode == "host" and transfer.handle is not None and cuda.log == []
+    transfer.wait()
+
+
+def test_staging_buffer_per_bucket_survives_and_grows_only(cuda):
+    t = transport(cuda)
+    t.start(torch.ones(100), slot=0, mode="staged").wait()
+    t.start(torch.ones(10), slot=1, mode="staged").wait()
+    staging = t.host_buffer(0)
+    pointer = staging.get(1, torch.float32).data_ptr()
+    t.start(torch.ones(50), slot=0, mode="staged").wait()  # smaller: reused
+    assert staging.allocations == 1 and staging.get(1, torch.float32).data_ptr() == pointer
+    t.start(torch.ones(200), slot=0, mode="staged").wait()  # larger: grows once
+    assert staging.allocations == 2 and staging.capacity == 800
+    assert t.host_buffer(1).allocations == 1
+
+
+def test_host_buffer_views_any_dtype_and_only_grows():
+    buffer = HostBuffer(pinned=False)
+    assert buffer.capacity == 0 and buffer.allocations == 0
+    a = buffer.get(10, torch.float32)
+    assert a.shape == (10,) and a.dtype == torch.float32 and buffer.capacity == 40
+    b = buffer.get(20, torch.bfloat16)
+    assert b.data_ptr() == a.data_ptr() and buffer.allocations == 1
+    buffer.get(11, torch.float32)
+    assert buffer.capacity == 44 and buffer.allocations == 2
+
+
+def test_cpu_tensors_go_to_mpi_from_their_own_memory():
+    assert transfer_mode(torch.ones(2), cuda_aware=True) == "host"
+    assert transfer_mode(torch.ones(2, dtype=torch.bfloat16), cuda_aware=False) == "host"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_pinning_without_cuda_says_why():
+    with pytest.raises(RuntimeError, match="pinned host memory needs CUDA"):
+        HostBuffer(pinned=True).get(4, torch.float32)
