@@ -1,7 +1,9 @@
 """hpcddp.DistributedDataParallel against torch's DDP on gloo, no communication, and one
 raw MPI allreduce of all gradient bytes; interleaved in one job.
 
-Run: ``mpiexec -n 2 python benchmarks/bench_ddp.py`` (1 torch thread per rank).
+Run: ``mpiexec -n 2 python benchmarks/bench_ddp.py`` (1 torch thread per rank), or with
+``--device cuda`` on a GPU machine, where "no_communication" is the bare ``torch.cuda``
+step and hpcddp goes through device buffers (CUDA-aware MPI) or pinned staging.
 """
 
 import argparse
@@ -42,6 +44,8 @@ def mlp():
 
 MODELS = {
     "mlp": (mlp, lambda: (torch.randn(64, 1024), torch.randn(64, 1024))),
+    # The same gradients behind 16 times the compute: what a GPU step looks like.
+    "mlp_b1024": (mlp, lambda: (torch.randn(1024, 1024), torch.randn(1024, 1024))),
     "toy_cifar": (ToyModel, lambda: (torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,)))),
 }
 
@@ -104,7 +108,9 @@ def bench_model(name, world, gloo, steps, caps, device):
         samples["raw_allreduce"].append(
             timed(world.comm, lambda: world.comm.Allreduce(MPI.IN_PLACE, flat)))
     ms = {k: median_ms(v) for k, v in samples.items()}
-    memory = {"hpcddp": gradient_memory(plain), "hpcddp_bucket_view": gradient_memory(viewed)}
+    memory = {"hpcddp": gradient_memory(plain), "hpcddp_bucket_view": gradient_memory(viewed),
+              "hpcddp_pinned_staging": sum(b.capacity for b in
+                                           plain.reducer.transport._staging.values())}
     exposed = {k: ms[k] - ms["no_communication"] for k in ms if k.startswith(("hpcddp", "torch"))}
     result = {
         "model": name, "grad_bytes": grad_bytes, "step_ms": ms, "exposed_comm_ms": exposed,
@@ -118,7 +124,8 @@ def bench_model(name, world, gloo, steps, caps, device):
             extra = f"  exposed {exposed[key]:7.2f} ms" if key in exposed else ""
             print(f"  {key:24} {ms[key]:8.2f} ms{extra}")
         print(f"  gradient memory: {memory['hpcddp'] / 2**20:.1f} MiB, with "
-              f"gradient_as_bucket_view {memory['hpcddp_bucket_view'] / 2**20:.1f} MiB")
+              f"gradient_as_bucket_view {memory['hpcddp_bucket_view'] / 2**20:.1f} MiB; "
+              f"pinned staging {memory['hpcddp_pinned_staging'] / 2**20:.1f} MiB")
         print(f"  hpcddp / torch DDP: {result['hpcddp_vs_torch_ddp']:.2f}   "
               f"hpcddp exposed / raw allreduce: {result['hpcddp_exposed_vs_raw_allreduce']:.2f}",
               flush=True)
@@ -128,17 +135,22 @@ def bench_model(name, world, gloo, steps, caps, device):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--models", default="mlp,toy_cifar")
+    parser.add_argument("--models", default=None,
+                        help="comma-separated; default mlp,toy_cifar (cpu), plus mlp_b1024 (cuda)")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for this rank's GPU")
     args = parser.parse_args()
     world = hpcddp.init()
     gloo, _backend, _store = make_gloo_group(world)
     device = world.device if args.device == "cuda" else torch.device("cpu")
+    models = args.models or ("mlp,toy_cifar" if device.type == "cpu" else "mlp,mlp_b1024,toy_cifar")
     results = [bench_model(m, world, gloo, args.steps, caps=(1, 5, 100), device=device)
-               for m in args.models.split(",")]
+               for m in models.split(",")]
     name = "ddp" if device.type == "cpu" else "ddp_cuda"
     path = write(name, {"benchmark": "DDP training step", "device": str(device),
-                        "cuda_aware": world.cuda_aware, "steps": args.steps,
+                        "cuda_aware": world.cuda_aware,
+                        "cuda_aware_reason": world.cuda_aware_reason,
+                        "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
+                        "steps": args.steps,
                         "threads_per_rank": torch.get_num_threads(), "results": results}, world)
     if path:
         print(f"wrote {path}")

@@ -2,15 +2,19 @@
 # Run on a GPU machine: the GPU tests (which must not skip there) and the GPU benchmark.
 #
 #   bash benchmarks/gpu_check.sh            # from the repository root, after `make venv`
+#   PY=python3 MPIEXEC="mpirun --oversubscribe" bash benchmarks/gpu_check.sh   # site stack
 #
 # Two ranks share the node's GPU(s) (local rank % device count). Results go to
 # benchmarks/results/ddp_cuda.json; a missing GPU is a failure, not a skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-MPIEXEC=${MPIEXEC:-.venv/bin/mpiexec}
-export HPCDDP_TEST_GPU=1
+read -r -a MPIEXEC <<< "${MPIEXEC:-.venv/bin/mpiexec}"
+export HPCDDP_TEST_GPU=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "${PY}" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device')"
-"${MPIEXEC}" -n 2 "${PY}" -m hpcddp doctor --max-bytes 16777216
-timeout -k 10 900 "${MPIEXEC}" -n 2 "${PY}" -m pytest -p hpcddp.testing tests/mpi
-timeout -k 10 900 "${MPIEXEC}" -n 2 "${PY}" benchmarks/bench_ddp.py --device cuda
+"${MPIEXEC[@]}" -n 2 "${PY}" -m hpcddp doctor --max-bytes 16777216
+# What the device-buffer self-test says of this MPI, whatever detection says.
+"${PY}" -c "from hpcddp.comm.selftest import run_self_test; print(run_self_test())"
+timeout -k 10 300 "${PY}" -m pytest -q tests/unit
+timeout -k 10 900 "${MPIEXEC[@]}" -n 2 "${PY}" -m pytest -q -p hpcddp.testing tests/mpi
+timeout -k 10 900 "${MPIEXEC[@]}" -n 2 "${PY}" benchmarks/bench_ddp.py --device cuda "$@"

@@ -53,7 +53,11 @@ def mpi_view(tensor: torch.Tensor, cuda_aware: bool, writable: bool = True) -> M
     if tensor.is_cuda and cuda_aware and tensor.dtype != torch.bfloat16:
         # The bf16 reduction runs on the host inside MPI, so bf16 is always staged.
         work = tensor if tensor.is_contiguous() else tensor.contiguous()
-        torch.cuda.current_stream(tensor.device).synchronize()
+        # MPI reads now: wait for the kernels queued on the producing stream up to here,
+        # not for the whole device (later work on other streams may go on).
+        produced = torch.cuda.Event()
+        produced.record(torch.cuda.current_stream(tensor.device))
+        produced.synchronize()
         finish = (lambda: tensor.copy_(work)) if writable and work is not tensor else None
         return MPIView(work, None, finish)
     if tensor.device.type == "cpu" and tensor.is_contiguous():

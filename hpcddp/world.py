@@ -6,7 +6,7 @@ abort-on-error hook, and gives torch.distributed an MPI-backed default group.
 
 import os
 import socket
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from mpi4py import MPI
@@ -15,7 +15,7 @@ from hpcddp.comm import clone_comm, detect_cuda_aware, install_abort_hook, node_
 from hpcddp.comm.abort import uninstall_abort_hook
 from hpcddp.env import check_not_singleton, detect_launcher, get_setting
 
-__all__ = ["World", "init", "get_world", "shutdown"]
+__all__ = ["World", "init", "get_world", "shutdown", "device_index"]
 
 _WORLD: Optional["World"] = None
 
@@ -33,12 +33,27 @@ def _cpus_for_rank(local_comm) -> int:
     return max(1, len(mine) // max(1, sharing))
 
 
-def _bind_device(local_rank: int) -> torch.device:
-    if torch.cuda.is_available():
-        index = local_rank % torch.cuda.device_count()
-        torch.cuda.set_device(index)
-        return torch.device("cuda", index)
-    return torch.device("cpu")
+def device_index(local_rank: int, visible: Sequence[Optional[str]], count: int) -> int:
+    """The GPU index, among the ``count`` this rank sees, that local rank ``local_rank`` uses.
+
+    ``visible`` holds every local rank's ``CUDA_VISIBLE_DEVICES`` (None where unset).
+    Ranks that see the same GPUs share them out by their order among themselves: with
+    the node's GPUs visible to all, local rank r takes GPU r (modulo the count, when
+    ranks outnumber GPUs); a rank given GPUs of its own by the launcher (``srun
+    --gpus-per-task``, ``--gpu-bind``) takes the first of them.
+    """
+    mine = visible[local_rank]
+    position = sum(1 for other in visible[:local_rank] if other == mine)
+    return position % count
+
+
+def _bind_device(local_comm) -> torch.device:
+    visible = local_comm.allgather(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    index = device_index(local_comm.rank, visible, torch.cuda.device_count())
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 class World:
@@ -70,7 +85,7 @@ class World:
         self.is_main = self.rank == 0
         self.hostname = socket.gethostname()
         self.launcher = detect_launcher().describe()
-        self.device = _bind_device(self.local_rank)
+        self.device = _bind_device(self.local_comm)
         self.num_threads = get_setting("NUM_THREADS") or _cpus_for_rank(self.local_comm)
         torch.set_num_threads(self.num_threads)
         override = get_setting("CUDA_AWARE")

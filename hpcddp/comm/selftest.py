@@ -36,6 +36,8 @@ print("hpcddp-self-test-result", get(recv))
 
 _LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "SLURM_STEP", "SLURM_PROCID", "MPI_LOCAL",
                       "HYDRA", "MV2_", "I_MPI_HYDRA", "PALS_")
+# The user's own settings, not the job's: Open MPI refuses to start as root without them.
+_KEPT = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
 
 
 class SelfTest(NamedTuple):
@@ -51,7 +53,8 @@ def run_self_test(command: Optional[Sequence[str]] = None, timeout: float = 120.
         timeout: seconds before the test counts as failed.
     """
     command = list(command) if command else [sys.executable, "-c", SELF_TEST_CODE]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(_LAUNCHER_PREFIXES) or k in _KEPT}
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -60,8 +63,8 @@ def run_self_test(command: Optional[Sequence[str]] = None, timeout: float = 120.
         return SelfTest(False, f"device-buffer allreduce self-test died of signal "
                                f"{-done.returncode} (a segfault means MPI cannot read GPU memory)")
     if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return SelfTest(False, f"device-buffer allreduce self-test failed: {last}")
+        return SelfTest(False, f"device-buffer allreduce self-test failed (exit "
+                               f"{done.returncode}): {_gist(done.stderr)}")
     for line in done.stdout.splitlines():
         if line.startswith("hpcddp-self-test-result"):
             value = float(line.split()[-1])
@@ -69,3 +72,9 @@ def run_self_test(command: Optional[Sequence[str]] = None, timeout: float = 120.
                 return SelfTest(True, "device-buffer allreduce self-test passed")
             return SelfTest(False, f"device-buffer allreduce self-test gave {value}, not 3.0")
     return SelfTest(False, "device-buffer allreduce self-test printed no result")
+
+
+def _gist(stderr: str, lines: int = 3) -> str:
+    """The last few non-blank lines of ``stderr``, on one line."""
+    kept = [line.strip() for line in stderr.splitlines() if line.strip().strip("-")]
+    return " | ".join(kept[-lines:]) or "no output"

@@ -11,6 +11,7 @@ import math
 import queue
 import threading
 import warnings
+from collections import deque
 from typing import Optional, Sequence
 
 import numpy as np
@@ -21,6 +22,7 @@ from hpcddp.data.h5file import inspect_file
 from hpcddp.data.pool import BufferPool
 from hpcddp.data.readers import BACKENDS, choose_backend
 from hpcddp.data.sampler import chunked_order, global_order, per_rank_count, rank_indices
+from hpcddp.pinned import pinned_array
 
 __all__ = ["ShardedLoader"]
 
@@ -50,8 +52,8 @@ class ShardedLoader:
         keys: dataset names; None means every top-level dataset (or the dataset's keys).
         batch_size: samples per batch; the last partial batch is kept.
         shuffle, seed, drop_last, exact: as for ``hpcddp.DistributedSampler``.
-        device: where batches go; on CUDA they are pinned and copied with
-            ``non_blocking=True``.
+        device: where batches go; on CUDA they are read into pinned buffers that are
+            reused, and copied with ``non_blocking=True`` on the current stream.
         prefetch: batches read ahead by a background thread; 0 reads in the caller.
         backend: ``"auto"``, ``"memmap"``, ``"h5py"`` or ``"mpio"``; ``self.backend``
             says which one reads.
@@ -105,7 +107,10 @@ class ShardedLoader:
         if comm.rank == 0:
             log.info("ShardedLoader: %s keys=%s samples=%d backend=%s", self.path, self.keys,
                      self.length, self.backend)
-        self._pool = BufferPool(limit=self.prefetch + 4)
+        self._to_gpu = self.device is not None and self.device.type == "cuda"
+        self._pool = BufferPool(limit=self.prefetch + 4,
+                                allocate=pinned_array if self._to_gpu else np.empty)
+        self._in_flight = deque()  # (event, host batch) until the batch's copy completes
         self.epoch = 0
         self._position = 0      # samples of this rank's sequence already handed out
         self._remap_from = None  # a global position saved under another world size
@@ -177,16 +182,30 @@ class ShardedLoader:
         out = None
         if self.backend == "memmap":
             out = [self._pool.get((len(batch),) + i.shape[1:], i.dtype) for i in self.infos]
-        tensors = tuple(as_tensor(a) for a in self._reader.read(batch, out))
-        if self.device is not None and self.device.type == "cuda":
-            tensors = tuple(t.pin_memory() for t in tensors)
-        return tensors
+        arrays = self._reader.read(batch, out)
+        if self._to_gpu and out is None:
+            arrays = [self._pinned_copy(a) for a in arrays]
+        return tuple(as_tensor(a) for a in arrays)
+
+    def _pinned_copy(self, array: np.ndarray) -> np.ndarray:
+        pinned = self._pool.get(array.shape, array.dtype.newbyteorder("="))
+        np.copyto(pinned, array)
+        return pinned
 
     def _deliver(self, tensors, count):
         self._position += count  # before the caller has it: a state taken now skips it
-        if self.device is not None and self.device.type != "cpu":
-            return tuple(t.to(self.device, non_blocking=True) for t in tensors)
-        return tensors
+        if self.device is None or self.device.type == "cpu":
+            return tensors
+        moved = tuple(t.to(self.device, non_blocking=True) for t in tensors)
+        if self._to_gpu:
+            # The copy reads the pinned buffer after this returns; the pool may hand the
+            # buffer to the reader again only once the copy's event has completed.
+            while self._in_flight and self._in_flight[0][0].query():
+                self._in_flight.popleft()
+            copied = torch.cuda.Event()
+            copied.record(torch.cuda.current_stream(self.device))
+            self._in_flight.append((copied, tensors))
+        return moved
 
     def __iter__(self):
         batches = self._batches()

@@ -1,14 +1,25 @@
 """Fixtures for the MPI tests (run under ``mpiexec ... pytest -p hpcddp.testing``)."""
 
 import pytest
+import torch
 
 import hpcddp
 from gloo_group import make_gloo_group
+from gpu import skip_or_fail_without_gpu
 
 
 @pytest.fixture(scope="module")
 def world():
     return hpcddp.init()
+
+
+@pytest.fixture(params=["cpu", "cuda"])
+def device(request, world):
+    """Each test that takes it runs on the CPU, and on this rank's GPU where there is one."""
+    if request.param == "cuda":
+        skip_or_fail_without_gpu("the CUDA variant of this test")
+        return world.device
+    return torch.device("cpu")
 
 
 @pytest.fixture(scope="module")

@@ -175,12 +175,25 @@ def test_memmap_backend_refused_for_compressed_data(world, files):
         ShardedLoader(paths["gzip"], ["x"], batch_size=4, backend="memmap")
 
 
-def test_batches_land_on_the_gpu(world, files):
+@pytest.mark.parametrize("kind", ["flat", "gzip", "swapped"])
+def test_gpu_batches_equal_torch_dataloader_while_the_gpu_lags(world, files, kind):
+    """Pinned buffers are reused only after their copy has run: the GPU is kept busy
+    before every copy, so a buffer handed back to the reader too early is overwritten
+    by a later batch before the copy reads it."""
     skip_or_fail_without_gpu("pinned batches copied to the GPU")
     paths, _ = files
-    loader = ShardedLoader(paths["flat"], ["x"], batch_size=4, device=world.device)
-    (x,) = next(iter(loader))
-    assert x.is_cuda
+    loader = ShardedLoader(paths[kind], ["x", "y"], batch_size=4, shuffle=True, seed=5,
+                           device=world.device, prefetch=3)
+    ours = []
+    for x, y in loader:
+        assert x.is_cuda and y.is_cuda
+        ours.append((x, y))
+        torch.cuda._sleep(2_000_000)  # about a millisecond of GPU time ahead of each copy
+    theirs = _reference_batches(world, paths[kind], 4, 0, shuffle=True, seed=5)
+    assert len(ours) == len(theirs)
+    for (x, y), (rx, ry) in zip(ours, theirs):
+        torch.testing.assert_close(x.cpu(), rx, rtol=0, atol=0)
+        torch.testing.assert_close(y.cpu(), ry, rtol=0, atol=0)
 
 
 def test_position_at_the_end_of_an_epoch_resumes_to_nothing(world, files):

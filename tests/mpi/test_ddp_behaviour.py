@@ -13,11 +13,16 @@ from ddp_models import MLP, SometimesUnused, global_batch, share
 
 def _backward(ddp, world, step=0):
     x, y = global_batch(step, world.size)
-    F.mse_loss(ddp(share(x, world.rank)), share(y, world.rank)).backward()
+    device = next(ddp.parameters()).device
+    F.mse_loss(ddp(share(x, world.rank).to(device)), share(y, world.rank).to(device)).backward()
 
 
-def test_no_sync_issues_no_collective_and_keeps_local_gradients(world):
-    ddp = hpcddp.DistributedDataParallel(MLP())
+def _flat_grads(ddp):
+    return torch.cat([p.grad.reshape(-1) for p in ddp.parameters()]).cpu()
+
+
+def test_no_sync_issues_no_collective_and_keeps_local_gradients(world, device):
+    ddp = hpcddp.DistributedDataParallel(MLP().to(device))
     before = ddp.reducer.collectives
     # Ranks run different numbers of local backward passes: any collective inside
     # no_sync would be unmatched across ranks.
@@ -25,18 +30,18 @@ def test_no_sync_issues_no_collective_and_keeps_local_gradients(world):
         for step in range(1 + world.rank % 2):
             _backward(ddp, world, step)
     assert ddp.reducer.collectives == before
-    grads = torch.cat([p.grad.reshape(-1) for p in ddp.parameters()])
+    grads = _flat_grads(ddp)
     everyone = world.comm.allgather(grads)
     if world.size > 1:
         assert not torch.equal(everyone[0], everyone[1])
     _backward(ddp, world, 5)
     assert ddp.reducer.collectives == before + len(ddp.reducer.buckets)
-    grads = torch.cat([p.grad.reshape(-1) for p in ddp.parameters()])
+    grads = _flat_grads(ddp)
     assert all(torch.equal(grads, g) for g in world.comm.allgather(grads))
 
 
-def test_require_backward_grad_sync_is_writable(world):
-    ddp = hpcddp.DistributedDataParallel(MLP())
+def test_require_backward_grad_sync_is_writable(world, device):
+    ddp = hpcddp.DistributedDataParallel(MLP().to(device))
     ddp.require_backward_grad_sync = False
     _backward(ddp, world)
     assert ddp.reducer.collectives == 0
@@ -45,8 +50,9 @@ def test_require_backward_grad_sync_is_writable(world):
     assert ddp.reducer.collectives == len(ddp.reducer.buckets)
 
 
-def test_gradient_as_bucket_view_survives_set_to_none(world):
-    ddp = hpcddp.DistributedDataParallel(MLP(), gradient_as_bucket_view=True, bucket_cap_mb=0.001)
+def test_gradient_as_bucket_view_survives_set_to_none(world, device):
+    ddp = hpcddp.DistributedDataParallel(MLP().to(device), gradient_as_bucket_view=True,
+                                         bucket_cap_mb=0.001)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     for step in range(2):
         opt.zero_grad()  # set_to_none
@@ -58,8 +64,8 @@ def test_gradient_as_bucket_view_survives_set_to_none(world):
         assert base in storages, "a .grad does not live in a bucket buffer"
 
 
-def test_first_allreduce_starts_before_the_last_hook(world):
-    ddp = hpcddp.DistributedDataParallel(MLP(width=64, depth=4), bucket_cap_mb=0.01)
+def test_first_allreduce_starts_before_the_last_hook(world, device):
+    ddp = hpcddp.DistributedDataParallel(MLP(width=64, depth=4).to(device), bucket_cap_mb=0.01)
     ddp.reducer.trace = []
     _backward(ddp, world)
     trace = ddp.reducer.trace
@@ -68,8 +74,8 @@ def test_first_allreduce_starts_before_the_last_hook(world):
     assert len(ddp.reducer.buckets) > 2 and first_launch < last_hook
 
 
-def test_bucket_layout_rebuilt_identically_on_every_rank(world):
-    ddp = hpcddp.DistributedDataParallel(MLP(width=64, depth=4), bucket_cap_mb=0.01)
+def test_bucket_layout_rebuilt_identically_on_every_rank(world, device):
+    ddp = hpcddp.DistributedDataParallel(MLP(width=64, depth=4).to(device), bucket_cap_mb=0.01)
     _backward(ddp, world)
     _backward(ddp, world, 1)  # the forward of iteration 2 rebuilds
     layouts = [tuple(layout.params) for layout in ddp.reducer.layouts]
@@ -86,11 +92,10 @@ def test_parameter_mismatch_is_named_on_every_rank(world):
     assert "body.0.weight" in message and f"ranks {world.size - 1}" in message
 
 
-def test_unused_parameter_without_flag_errors_on_every_rank(world):
-    ddp = hpcddp.DistributedDataParallel(SometimesUnused(world.rank))
-    x, y = global_batch(0, world.size)
+def test_unused_parameter_without_flag_errors_on_every_rank(world, device):
+    ddp = hpcddp.DistributedDataParallel(SometimesUnused(world.rank).to(device))
     with pytest.raises(RuntimeError, match=r"never\.weight.*find_unused_parameters=True"):
-        F.mse_loss(ddp(share(x, world.rank)), share(y, world.rank)).backward()
+        _backward(ddp, world)
     # The job is still usable: a following collective matches on every rank.
     assert world.comm.allreduce(1) == world.size
 

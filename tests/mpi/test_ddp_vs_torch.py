@@ -25,21 +25,22 @@ def _step_both(ours, theirs, opts, x, y):
         opt.step()
 
 
-def _pair(world, gloo, make, **kwargs):
+def _pair(world, gloo, make, device="cpu", **kwargs):
     torch.manual_seed(world.rank)  # different initial weights: both must broadcast rank 0's
-    model = make()
+    model = make().to(device)
     ours = hpcddp.DistributedDataParallel(copy.deepcopy(model), **kwargs)
     theirs = TorchDDP(copy.deepcopy(model), process_group=gloo, **kwargs)
     opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (ours, theirs)]
     return ours, theirs, opts
 
 
-def test_cnn_with_batchnorm(world, gloo):
-    ours, theirs, opts = _pair(world, gloo, ConvBN)
+def test_cnn_with_batchnorm(world, gloo, device):
+    ours, theirs, opts = _pair(world, gloo, ConvBN, device)
     for step in range(4):
         x, y = global_batch(step, world.size, "image")
+        x, y = share(x, world.rank).to(device), share(y, world.rank).to(device)
         # Ranks see different data, so their BatchNorm statistics differ until broadcast.
-        _step_both(ours, theirs, opts, share(x, world.rank), share(y, world.rank))
+        _step_both(ours, theirs, opts, x, y)
     for a, b in zip(ours.module.parameters(), theirs.module.parameters()):
         torch.testing.assert_close(a, b, **TOL)
     for a, b in zip(ours.module.buffers(), theirs.module.buffers()):
@@ -48,18 +49,18 @@ def test_cnn_with_batchnorm(world, gloo):
     # mode, so that the forward itself does not update them from local data).
     ours.eval()
     with torch.no_grad():
-        ours(share(x, world.rank))
-    mine = [b.clone() for b in ours.module.buffers()]
+        ours(x)
+    mine = [b.cpu() for b in ours.module.buffers()]
     rank0 = world.comm.bcast(mine, root=0)
     assert all(torch.equal(a, b) for a, b in zip(mine, rank0))
 
 
-def test_parameter_unused_on_some_ranks(world, gloo):
-    ours, theirs, opts = _pair(world, gloo, lambda: SometimesUnused(world.rank),
+def test_parameter_unused_on_some_ranks(world, gloo, device):
+    ours, theirs, opts = _pair(world, gloo, lambda: SometimesUnused(world.rank), device,
                                find_unused_parameters=True)
     for step in range(3):
         x, y = global_batch(step, world.size)
-        x, y = share(x, world.rank), share(y, world.rank).argmax(1)
+        x, y = share(x, world.rank).to(device), share(y, world.rank).argmax(1).to(device)
         _step_both(ours, theirs, opts, x, y)
         # Unused on every rank: no gradient at all, as in torch.
         assert ours.module.never.weight.grad is None

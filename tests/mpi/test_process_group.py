@@ -33,15 +33,15 @@ def test_default_group_is_hpcddp(world):
     (op, dtype) for op in ["SUM", "AVG", "MIN", "MAX", "PRODUCT"]
     for dtype in [torch.float32, torch.float64, torch.int64]
     if not (op == "AVG" and dtype == torch.int64)])
-def test_all_reduce_matches_gloo(world, gloo, op, dtype):
-    ours, theirs = _data(world, dtype=dtype), _data(world, dtype=dtype)
+def test_all_reduce_matches_gloo(world, gloo, op, dtype, device):
+    ours, theirs = _data(world, dtype=dtype).to(device), _data(world, dtype=dtype).to(device)
     red = getattr(dist.ReduceOp, op)
     dist.all_reduce(ours, op=red)
     gloo.allreduce([theirs], _opts(dist.AllreduceOptions, reduceOp=red)).wait()
     torch.testing.assert_close(ours, theirs, **FLOAT_TOL)
     # Negative control: the reduction really changed something on some rank.
     before = _data(world, dtype=dtype)
-    assert MPI.COMM_WORLD.allreduce(int(not torch.equal(before, ours)), op=MPI.SUM) > 0
+    assert MPI.COMM_WORLD.allreduce(int(not torch.equal(before, ours.cpu())), op=MPI.SUM) > 0
 
 
 def test_all_reduce_bf16_equals_float_sum_rounded(world):
@@ -65,8 +65,8 @@ def test_all_reduce_bool_is_any(world):
     assert flag.tolist() == [True, False]
 
 
-def test_async_all_reduce_and_future(world):
-    t = torch.full((4,), float(world.rank))
+def test_async_all_reduce_and_future(world, device):
+    t = torch.full((4,), float(world.rank), device=device)
     work = dist.all_reduce(t, async_op=True)
     result = work.get_future().wait()
     assert work.is_completed()
@@ -75,13 +75,13 @@ def test_async_all_reduce_and_future(world):
 
 
 @pytest.mark.parametrize("root", [0, -1])
-def test_broadcast_matches_gloo(world, gloo, root):
+def test_broadcast_matches_gloo(world, gloo, root, device):
     root = root % world.size
-    ours, theirs = _data(world), _data(world)
+    ours, theirs = _data(world).to(device), _data(world).to(device)
     dist.broadcast(ours, src=root)
     gloo.broadcast([theirs], _opts(dist.BroadcastOptions, rootRank=root)).wait()
     assert torch.equal(ours, theirs)
-    assert torch.equal(ours, MPI.COMM_WORLD.bcast(_data(world), root))
+    assert torch.equal(ours.cpu(), MPI.COMM_WORLD.bcast(_data(world), root))
 
 
 def test_all_gather_list_and_into_tensor_match_gloo(world, gloo):

@@ -29,7 +29,13 @@ def test_local_rank_counts_ranks_on_the_same_host(world):
 
 
 def test_device_and_threads(world):
-    assert world.device == torch.device("cpu")
+    if torch.cuda.is_available():
+        # Every rank here sees the same GPUs (no per-rank CUDA_VISIBLE_DEVICES).
+        expected = torch.device("cuda", world.local_rank % torch.cuda.device_count())
+        assert torch.cuda.current_device() == expected.index
+    else:
+        expected = torch.device("cpu")
+    assert world.device == expected
     assert torch.get_num_threads() == world.num_threads
     cpus = len(os.sched_getaffinity(0))
     assert world.num_threads == max(1, cpus // world.local_size)
