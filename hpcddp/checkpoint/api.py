@@ -230,8 +230,10 @@ def load(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
 
     Rank 0 verifies checkpoints newest first against their manifests (size and SHA-256),
     skipping a corrupt or partial one with a warning, reads the first good one and
-    broadcasts it; the other ranks never touch the file system. Tensors land on each
-    rank's own device. State dicts with or without the ``module.`` prefix load either way.
+    broadcasts it; the other ranks never touch the file system. Tensors are loaded on
+    the host (or ``device``) and copied into place by each object's ``load_state_dict``,
+    so optimizer state follows its parameters exactly as after ``torch.load(...,
+    map_location="cpu")`` (Adam's ``step`` stays on the host, as in an unbroken run). State dicts with or without the ``module.`` prefix load either way.
 
     Returns:
         ``Resumed(path, step, epoch, extra)``, or None when there is nothing to resume,
@@ -244,10 +246,7 @@ def load(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
     .. warning:: Collective.
     """
     comm = _comm(comm)
-    if device is None:
-        from hpcddp.world import get_world
-        device = get_world().device
-    found = _receive_verified(comm, directory, device)
+    found = _receive_verified(comm, directory, device or "cpu")
     if found is None:
         return None
     path, state = found

@@ -30,17 +30,32 @@ def capture_rng() -> dict:
 
 
 def restore_rng(state: dict) -> None:
-    """Put back what ``capture_rng`` saved."""
+    """Put back what ``capture_rng`` saved.
+
+    The state may arrive on a GPU (a checkpoint loaded with ``map_location`` set to the
+    model's device); generator states are always set from host tensors.
+    """
+    state = _on_host(state)
     py = state["python"]
     random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss"]))
     npy = state["numpy"]
     np.random.set_state((npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"],
                          npy["has_gauss"], npy["cached_gaussian"]))
-    torch.set_rng_state(state["torch"].cpu())
+    torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         cuda = state["cuda"]
         if len(cuda) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all([s.cpu() for s in cuda])
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def _on_host(value):
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: _on_host(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_host(v) for v in value)
+    return value
 
 
 def reseed_rng(step: int, rank: int, saved_world_size: int, world_size: int) -> None:

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from typing import NamedTuple, Optional, Sequence
 
-__all__ = ["SelfTest", "run_self_test", "SELF_TEST_CODE"]
+__all__ = ["SelfTest", "run_self_test", "clean_environment", "SELF_TEST_CODE"]
 
 # Runs in the subprocess. CuPy when it is there (the cuda12/cuda13 extras), else torch;
 # both hand MPI the device pointer (__cuda_array_interface__ / DLPack).
@@ -34,10 +34,29 @@ MPI.COMM_SELF.Allreduce(send, recv, op=MPI.SUM)
 print("hpcddp-self-test-result", get(recv))
 """
 
-_LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "SLURM_STEP", "SLURM_PROCID", "MPI_LOCAL",
-                      "HYDRA", "MV2_", "I_MPI_HYDRA", "PALS_")
-# The user's own settings, not the job's: Open MPI refuses to start as root without them.
-_KEPT = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
+# Variables that place a process in the launcher's job. The rest stay, the user's and
+# the site's MPI settings above all (OMPI_MCA_plm=isolated, MV2_USE_CUDA=1,
+# MPICH_GPU_SUPPORT_ENABLED=1): without them the test would judge another MPI setup.
+_JOB_PREFIXES = ("PMI_", "PMI2_", "PMIX_", "OMPI_COMM_WORLD_", "OMPI_UNIVERSE_", "OMPI_FIRST_",
+                 "OMPI_APP_", "OMPI_NUM_", "OMPI_FILE_", "OMPI_ARGV", "OMPI_COMMAND",
+                 "SLURM_STEP", "SLURM_PROCID", "SLURM_LOCALID", "MPI_LOCAL", "HYDRA_",
+                 "I_MPI_HYDRA", "PALS_", "PRTE_")
+# Open MPI's launcher also passes the job to its ranks as MCA parameters.
+_JOB_MCA = ("orte_", "ess", "pmix", "prte", "initial_wdir", "shmem_RUNTIME", "rmaps_",
+            "ras_", "routed", "rml", "oob", "grpcomm", "odls", "state_", "errmgr", "iof")
+
+
+def _in_job(name: str) -> bool:
+    if name.startswith("PMIX_MCA_"):
+        return False
+    if name.startswith("OMPI_MCA_"):
+        return name[len("OMPI_MCA_"):].startswith(_JOB_MCA)
+    return name.startswith(_JOB_PREFIXES)
+
+
+def clean_environment(environ) -> dict:
+    """``environ`` without the variables that would make a new MPI process join the job."""
+    return {k: v for k, v in environ.items() if not _in_job(k)}
 
 
 class SelfTest(NamedTuple):
@@ -53,8 +72,7 @@ def run_self_test(command: Optional[Sequence[str]] = None, timeout: float = 120.
         timeout: seconds before the test counts as failed.
     """
     command = list(command) if command else [sys.executable, "-c", SELF_TEST_CODE]
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(_LAUNCHER_PREFIXES) or k in _KEPT}
+    env = clean_environment(os.environ)
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:

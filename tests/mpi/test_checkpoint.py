@@ -27,12 +27,12 @@ def folder(world):
         shutil.rmtree(path)
 
 
-def _trained(world, steps=2):
+def _trained(world, steps=2, device="cpu"):
     torch.manual_seed(0)
-    model = hpcddp.DistributedDataParallel(MLP())
+    model = hpcddp.DistributedDataParallel(MLP().to(device))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     for step in range(steps):
-        x, y = global_batch(step, world.size)
+        x, y = (t.to(device) for t in global_batch(step, world.size))
         opt.zero_grad()
         nn.functional.mse_loss(model(share(x, world.rank)), share(y, world.rank)).backward()
         opt.step()
@@ -45,16 +45,22 @@ def test_nothing_to_resume(world, folder):
     assert checkpoint.load(folder + "-never-made", model) is None
 
 
-def test_round_trip_restores_model_optimizer_and_extra(world, folder):
-    model, opt = _trained(world)
+def test_round_trip_restores_model_optimizer_rng_and_extra(world, folder, device):
+    model, opt = _trained(world, device=device)
     path = checkpoint.save(folder, model, opt, step=7, epoch=2, extra={"best": 0.5})
     assert world.comm.allgather(path) == [path] * world.size
-    fresh = hpcddp.DistributedDataParallel(MLP())
+    expected = (torch.rand(3), torch.rand(3, device=device))
+    fresh = hpcddp.DistributedDataParallel(MLP().to(device))
     fresh_opt = torch.optim.Adam(fresh.parameters(), lr=1e-2)
+    torch.manual_seed(12345)
     resumed = checkpoint.load(folder, fresh, fresh_opt)
     assert (resumed.step, resumed.epoch, resumed.extra) == (7, 2, {"best": 0.5})
-    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters()))
+    assert all(a.device == device and torch.equal(a, b)
+               for a, b in zip(fresh.parameters(), model.parameters()))
     assert str(fresh_opt.state_dict()) == str(opt.state_dict())
+    # The generators continue where they were at the save, on the CPU and the GPU.
+    assert all(torch.equal(a, b) for a, b in zip((torch.rand(3), torch.rand(3, device=device)),
+                                                  expected))
     # The file is plain tensors and values: torch's weights_only loader takes it.
     state = torch.load(os.path.join(path, "state.pt"), weights_only=True)
     assert list(state["model"]) == list(model.module.state_dict())

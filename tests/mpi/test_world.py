@@ -2,6 +2,7 @@
 
 import os
 import socket
+import sys
 
 import pytest
 import torch
@@ -74,6 +75,16 @@ def test_cuda_awareness_of_this_mpi_is_explained(world):
     # The mpich wheel is built without CUDA; the reason must say how we know.
     assert world.cuda_aware is False
     assert "MPIX_Query_cuda_support() = 0" in world.cuda_aware_reason
+
+
+def test_self_test_runs_outside_the_job_as_a_singleton(world):
+    # The launcher's variables are removed, the MPI settings kept: the subprocess must
+    # start on its own, neither joining this job nor failing to start.
+    from hpcddp.comm.selftest import run_self_test
+    code = ("from mpi4py import MPI; "
+            "print('hpcddp-self-test-result', 3.0 if MPI.COMM_WORLD.size == 1 else -1.0)")
+    result = run_self_test([sys.executable, "-c", code], timeout=60)
+    assert result.passed, result.reason
 
 
 def test_cuda_aware_self_test_on_a_gpu(world):

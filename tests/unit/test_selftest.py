@@ -3,7 +3,7 @@ machine lacks; the real self-test runs in tests/mpi/test_world.py on a GPU machi
 
 import sys
 
-from hpcddp.comm.selftest import run_self_test
+from hpcddp.comm.selftest import clean_environment, run_self_test
 
 
 def _python(code):
@@ -37,3 +37,20 @@ def test_launcher_variables_do_not_reach_the_subprocess(monkeypatch):
     code = ("import os; print('hpcddp-self-test-result', 3.0 if not "
             "any(k in os.environ for k in ('PMI_SIZE', 'SLURM_STEP_NUM_TASKS')) else 0.0)")
     assert run_self_test(_python(code)).passed
+
+
+def test_job_variables_go_and_mpi_settings_stay():
+    # Open MPI 4 under mpirun in a container (as seen on the GPU test machine), Hydra, Slurm.
+    job = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+           "OMPI_MCA_orte_hnp_uri": "1.0;tcp://10.0.0.1:4000", "OMPI_MCA_ess": "^singleton",
+           "OMPI_MCA_ess_base_jobid": "123", "OMPI_MCA_pmix": "^s1,s2", "PMIX_RANK": "1",
+           "PMIX_NAMESPACE": "prterun-1", "PMIX_SERVER_URI41": "x", "PMI_FD": "5",
+           "PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "SLURM_STEP_ID": "0",
+           "SLURM_PROCID": "1", "PALS_RANKID": "1"}
+    settings = {"OMPI_MCA_plm": "isolated", "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+                "PMIX_MCA_gds": "hash", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+                "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_pml": "ucx",
+                "MV2_USE_CUDA": "1", "MPICH_GPU_SUPPORT_ENABLED": "1",
+                "MPIR_CVAR_ENABLE_GPU": "1", "UCX_TLS": "cuda,sm", "SLURM_JOB_ID": "7",
+                "CUDA_VISIBLE_DEVICES": "0", "PATH": "/usr/bin"}
+    assert clean_environment({**job, **settings}) == settings
