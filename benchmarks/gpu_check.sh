@@ -17,4 +17,8 @@ export HPCDDP_TEST_GPU=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "${PY}" -c "from hpcddp.comm.selftest import run_self_test; print(run_self_test())"
 timeout -k 10 300 "${PY}" -m pytest -q tests/unit
 timeout -k 10 900 "${MPIEXEC[@]}" -n 2 "${PY}" -m pytest -q -p hpcddp.testing tests/mpi
+# The demo, end to end on the GPU: pinned loader batches, staged or device buckets.
+RUN_DIR=$(mktemp -d)
+timeout -k 10 600 "${MPIEXEC[@]}" -n 2 "${PY}" examples/train_digits.py --run-dir "${RUN_DIR}"
+rm -rf "${RUN_DIR}"
 timeout -k 10 900 "${MPIEXEC[@]}" -n 2 "${PY}" benchmarks/bench_ddp.py --device cuda "$@"
