@@ -64,7 +64,7 @@ def evaluate(model, loader, world):
     counts = torch.zeros(2, dtype=torch.float64)
     with torch.no_grad():
         for x, y in loader:
-            counts[0] += (model(x.to(world.device)).argmax(1).cpu() == y).sum()
+            counts[0] += (model(x).argmax(1) == y).sum().item()  # batches are on the device
             counts[1] += len(y)
     dist.all_reduce(counts)  # torch.distributed, on hpcddp's MPI-backed group
     model.train()
