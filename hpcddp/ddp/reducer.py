@@ -219,8 +219,6 @@ class Reducer:
         """Issue the buckets whose data is ready, and let MPI advance the pending ones
         (``Test`` on each)."""
         self.transport.advance()
-        for bucket in self.buckets[:self._next]:
-            bucket.handle.test()
 
     def _finalize(self) -> None:
         self._armed = False
@@ -254,6 +252,7 @@ class Reducer:
 
     def _wait_and_copy(self, globally_used) -> None:
         size = self.comm.size
+        self.transport.issue_all()
         for bucket in self.buckets:
             bucket.handle.wait()
             divided = self._divide_first(bucket)

@@ -22,7 +22,7 @@ strictly in the order they were started, however their events complete.
 """
 
 from collections import deque
-from typing import Deque, Dict, Optional
+from typing import Deque, Dict, List, Optional
 
 import torch
 from mpi4py import MPI
@@ -71,10 +71,7 @@ class Transfer:
         request = self.transport.comm.Iallreduce(MPI.IN_PLACE, buf, op=mpi_op("sum", kind))
         self.handle = Handle([request], keep=[buf, source])
         self.transport.collectives += 1
-
-    def test(self) -> bool:
-        """Drive MPI progress; True once the request has completed (not yet copied back)."""
-        return self.handle is not None and self.handle.test()
+        self.transport._issued.append(self)
 
     def wait(self) -> None:
         """Block until the result is in ``buffer`` as seen by the current stream.
@@ -102,6 +99,7 @@ class Transport:
     def __init__(self, comm, cuda_aware: bool, cuda=torch.cuda, pinned: bool = True):
         self.comm, self.cuda_aware, self.cuda, self.pinned = comm, cuda_aware, cuda, pinned
         self._unissued: Deque[Transfer] = deque()
+        self._issued: List[Transfer] = []  # issued, not yet seen complete
         self._staging: Dict[int, HostBuffer] = {}
         self._side = {}  # device -> the stream that runs staging copies
         self.collectives = 0  # Iallreduce calls issued, for inspection
@@ -151,9 +149,26 @@ class Transport:
         return transfer
 
     def advance(self) -> None:
-        """Issue, in order, the transfers whose data is ready; never blocks."""
+        """Issue, in order, the transfers whose data is ready, and ``Test`` the issued
+        ones so MPI makes progress; never blocks."""
         while self._unissued and self._unissued[0].is_ready():
             self._unissued.popleft()._issue()
+        self._issued = [t for t in self._issued if not t.handle.test()]
+
+    def issue_all(self) -> None:
+        """Issue every started transfer as soon as its data is ready.
+
+        On a GPU the gradient hooks run ahead of the kernels they queue, so at the end of
+        backward most buckets are still waiting for their events. Polling the events
+        while driving MPI on the issued requests lets each bucket's reduction start the
+        moment its own copy is done, overlapping with the GPU still computing the rest
+        and with the copies of later buckets; blocking on one event after another would
+        leave MPI idle meanwhile.
+
+        .. warning:: Synchronization point with the producing streams.
+        """
+        while self._unissued:
+            self.advance()
 
     def issue_through(self, transfer: Transfer) -> None:
         """Issue every transfer up to and including ``transfer``, blocking on their events.

@@ -139,6 +139,36 @@ def test_device_bucket_waits_on_its_own_event_never_the_device(cuda):
     assert cuda.log == [("record", "event0", "compute")], "nothing to copy back"
 
 
+class SlowEvent(FakeEvent):
+    """Completes after ``queries`` polls, noting how many transfers were issued by then."""
+
+    def __init__(self, cuda, queries, transport):
+        super().__init__(cuda)
+        self.left, self.transport = queries, transport
+
+    def query(self):
+        self.left -= 1
+        if self.left == 0:
+            self.cuda.log.append(("done", self.name, self.transport.collectives))
+        return self.left <= 0
+
+
+def test_issue_all_issues_each_transfer_as_its_event_completes(cuda):
+    t = transport(cuda)
+    transfers = [t.start(torch.ones(4), slot=i, mode="device") for i in range(3)]
+    for transfer, queries in zip(transfers, (2, 4, 9)):
+        transfer.ready = SlowEvent(cuda, queries, t)
+    cuda.log.clear()
+    t.issue_all()
+    assert t.pending() == 0 and t.collectives == 3
+    # No blocking on events; the first was issued before the last one's data was ready.
+    assert [e[0] for e in cuda.log] == ["done"] * 3
+    assert [e[2] for e in cuda.log] == [0, 1, 2]
+    for transfer in transfers:
+        transfer.wait()
+        assert torch.equal(transfer.buffer, torch.ones(4))
+
+
 def test_host_bucket_is_issued_at_once_without_events(cuda):
     t = transport(cuda)
     transfer = t.start(torch.ones(4), slot=0)
