@@ -5,7 +5,8 @@
 #   PY=python3 MPIEXEC="mpirun --oversubscribe" bash benchmarks/gpu_check.sh   # site stack
 #
 # Two ranks share the node's GPU(s) (local rank % device count). Results go to
-# benchmarks/results/ddp_cuda.json; a missing GPU is a failure, not a skip.
+# benchmarks/results/ddp_cuda.json and staging_cuda.json; a missing GPU is a failure,
+# not a skip. Arguments go to bench_ddp.py (e.g. --steps 30).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -22,3 +23,4 @@ RUN_DIR=$(mktemp -d)
 timeout -k 10 600 "${MPIEXEC[@]}" -n 2 "${PY}" examples/train_digits.py --run-dir "${RUN_DIR}"
 rm -rf "${RUN_DIR}"
 timeout -k 10 900 "${MPIEXEC[@]}" -n 2 "${PY}" benchmarks/bench_ddp.py --device cuda "$@"
+timeout -k 10 600 "${MPIEXEC[@]}" -n 2 "${PY}" benchmarks/bench_staging.py

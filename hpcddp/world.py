@@ -6,6 +6,7 @@ abort-on-error hook, and gives torch.distributed an MPI-backed default group.
 
 import os
 import socket
+import warnings
 from typing import Optional, Sequence
 
 import torch
@@ -104,9 +105,15 @@ class World:
         result = self.comm.bcast(result, root=0)
         if result.passed:
             self.cuda_aware_reason += f"; {result.reason}"
-        else:
-            self.cuda_aware = False
-            self.cuda_aware_reason += f"; but {result.reason}: staging through host memory"
+            return
+        self.cuda_aware = False
+        self.cuda_aware_reason += f"; but {result.reason}: staging through host memory"
+        if self.is_main:
+            warnings.warn(f"hpcddp: MPI reports CUDA support, but {result.reason}; gradients "
+                          f"are staged through pinned host memory instead. Set "
+                          f"HPCDDP_CUDA_AWARE=0 to skip the test, or fix the MPI's CUDA "
+                          f"support (e.g. UCX_TLS with cuda_copy, MPICH_GPU_SUPPORT_ENABLED=1)",
+                          stacklevel=3)
 
     def barrier(self) -> None:
         """Wait until every rank arrives.

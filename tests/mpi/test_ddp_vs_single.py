@@ -89,8 +89,6 @@ CASES = {
 def test_matches_single_process_training(world, case, device):
     if device == "cuda":
         skip_or_fail_without_gpu("the CUDA variant of the DDP correctness tests")
-        if case == "compile":
-            pytest.skip("torch.compile on CUDA needs Triton; the CPU case covers compile")
     kwargs = dict(CASES[case])
     dtype = kwargs.get("dtype", torch.float32)
     _, ours, theirs = _train(world, device=device, **kwargs)

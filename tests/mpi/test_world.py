@@ -3,6 +3,7 @@
 import os
 import socket
 import sys
+import warnings
 
 import pytest
 import torch
@@ -97,3 +98,27 @@ def test_cuda_aware_self_test_on_a_gpu(world):
     assert result.reason
     if "self-test" in world.cuda_aware_reason:
         assert world.cuda_aware == result.passed
+
+
+def test_world_falls_back_to_staging_when_mpi_crashes_on_device_memory(world):
+    """Detection is overruled (as if MPI claimed CUDA support); the real self-test then
+    crashes on this MPI, and World must stage instead, say why, and keep running."""
+    from gpu import skip_or_fail_without_gpu
+    skip_or_fail_without_gpu("the fallback after a failed device-buffer self-test")
+    from hpcddp.comm.selftest import run_self_test
+    verdict = world.comm.bcast(run_self_test() if world.rank == 0 else None, root=0)
+    if verdict.passed:
+        pytest.skip("this MPI passes the device-buffer self-test: nothing to fall back from")
+    saved = world.cuda_aware, world.cuda_aware_reason
+    try:
+        world.cuda_aware, world.cuda_aware_reason = True, "MPIX_Query_cuda_support() = 1"
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            world._confirm_cuda_aware()
+        assert world.cuda_aware is False
+        assert "staging through host memory" in world.cuda_aware_reason
+        assert verdict.reason in world.cuda_aware_reason
+        said = [str(w.message) for w in caught if "staged through pinned" in str(w.message)]
+        assert len(said) == (1 if world.is_main else 0)
+    finally:
+        world.cuda_aware, world.cuda_aware_reason = saved
