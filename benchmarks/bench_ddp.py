@@ -93,6 +93,10 @@ def bench_model(name, world, gloo, steps, caps, device):
     for cap in caps:
         variants[f"hpcddp_cap{cap:g}"] = _stepper(
             hpcddp.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap))
+    if device.type == "cuda" and not world.cuda_aware:
+        whole = hpcddp.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=25)
+        whole.reducer.transport.chunk_bytes = 0  # as HPCDDP_STAGING_CHUNK_KB=0
+        variants["hpcddp_staged_whole"] = _stepper(whole)
     threaded = hpcddp.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=25)
     threaded.reducer.progress_thread = True
     variants["hpcddp_progress_thread"] = _stepper(threaded)

@@ -1,5 +1,6 @@
 """One bucket's trip through MPI from a GPU, taken apart: the staged path (copy to pinned
-memory on a side stream, ``Iallreduce``, copy back) against its pieces, against gloo's
+memory on a side stream, ``Iallreduce``, copy back; in 4 MiB pieces, and whole) against
+its parts, against gloo's
 allreduce of the same CUDA tensor, and against the device-buffer path where MPI is
 CUDA-aware.
 
@@ -30,7 +31,8 @@ def main():
     if world.device.type != "cuda":
         raise SystemExit("bench_staging.py measures the GPU paths; this rank has no GPU")
     _group, gloo, _store = make_gloo_group(world)
-    staged = Transport(world.comm, cuda_aware=False)
+    staged = Transport(world.comm, cuda_aware=False)  # 4 MiB pieces, the default
+    whole = Transport(world.comm, cuda_aware=False, chunk_bytes=0)
     device = Transport(world.comm, cuda_aware=True) if world.cuda_aware else None
     rows = []
     for nbytes in (1 << 20, 4 << 20, 16 << 20, 24 << 20):
@@ -38,6 +40,7 @@ def main():
         host = pinned_empty(nbytes).view(torch.float32)
         runs = {
             "staged_trip": lambda: _trip(staged, bucket),
+            "staged_whole_trip": lambda: _trip(whole, bucket),
             "copies_only": lambda: bucket.copy_(host.copy_(bucket, non_blocking=True),
                                                 non_blocking=True),
             "iallreduce_pinned": lambda: world.comm.Iallreduce(MPI.IN_PLACE, host.numpy()).Wait(),

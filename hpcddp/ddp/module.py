@@ -123,7 +123,8 @@ class DistributedDataParallel(nn.Module):
         self.reducer = Reducer(named, self._comm, self._control, self.bucket_bytes_cap,
                                find_unused_parameters, static_graph,
                                gradient_as_bucket_view, world.cuda_aware,
-                               progress_thread=get_setting("PROGRESS_THREAD"))
+                               progress_thread=get_setting("PROGRESS_THREAD"),
+                               staging_chunk_bytes=get_setting("STAGING_CHUNK_KB") << 10)
 
     @staticmethod
     def _check_devices(device_ids, output_device):

@@ -45,6 +45,11 @@ _SETTINGS = {
         "bool", False,
         "During backward, a helper thread enters MPI's progress engine about every "
         "millisecond, in addition to the Test calls made at every gradient hook."),
+    "STAGING_CHUNK_KB": _Setting(
+        "int", 4096,
+        "Without CUDA-aware MPI, GPU buckets are staged through pinned host memory in "
+        "pieces of this many KiB, so each piece's copies overlap with the reduction of "
+        "its neighbours; 0 stages each bucket whole."),
     "TORCH_GROUP": _Setting(
         "bool", True,
         "hpcddp.init() initializes torch.distributed's default group on MPI unless one "

@@ -82,11 +82,11 @@ def test_staged_bucket_is_copied_on_a_side_stream_after_its_producer(cuda):
     assert cuda.log == [("record", "event0", "compute"),  # gradients produced
                         ("wait", "side", "event0"),       # the copy waits for them
                         ("enter", "side"), ("record", "event1", "side"), ("exit", "side")]
-    assert t.collectives == 0 and transfer.handle is None, "issued before the copy completed"
+    assert t.collectives == 0 and not transfer.issued, "issued before the copy completed"
     assert torch.equal(transfer.host, torch.arange(6, dtype=torch.float32))
     cuda.events[1].done = True
     t.advance()
-    assert t.collectives == 1 and transfer.handle is not None
+    assert t.collectives == 1 and transfer.issued
 
 
 def test_staged_result_is_copied_back_and_the_consumer_waits_for_it(cuda):
@@ -97,9 +97,31 @@ def test_staged_result_is_copied_back_and_the_consumer_waits_for_it(cuda):
     cuda.log.clear()
     transfer.wait()
     assert cuda.log == [("synchronize", "event1"),  # the copy's event, not the device
-                        ("enter", "side"), ("record", "event2", "side"), ("exit", "side"),
-                        ("wait", "compute", "event2")]
+                        ("enter", "side"), ("exit", "side"),  # the copy back
+                        ("record", "event2", "side"), ("wait", "compute", "event2")]
     assert torch.equal(bucket, torch.arange(6, dtype=torch.float32))
+
+
+def test_large_staged_bucket_travels_in_pieces_each_issued_when_its_copy_is_done(cuda):
+    t = Transport(MPI.COMM_SELF, cuda_aware=False, cuda=cuda, pinned=False, chunk_bytes=8)
+    bucket = torch.arange(5, dtype=torch.float32)
+    transfer = t.start(bucket, slot=0, mode="staged")
+    assert [p.buffer.tolist() for p in transfer.pieces] == [[0, 1], [2, 3], [4]]
+    assert [p.host.data_ptr() for p in transfer.pieces] == [
+        transfer.host.data_ptr() + 8 * i for i in range(3)], "pieces share the staging buffer"
+    assert len({p.ready.name for p in transfer.pieces}) == 3, "one copy event per piece"
+    transfer.pieces[0].ready.done = True
+    t.advance()
+    assert t.collectives == 1, "the first piece goes while the others are still copying"
+    bucket.zero_()
+    cuda.log.clear()
+    transfer.wait()
+    assert torch.equal(bucket, torch.arange(5, dtype=torch.float32))
+    assert t.collectives == 3
+    # One copy back per piece, then the consumer waits once, for the last of them.
+    assert cuda.log[-2:] == [("record", cuda.events[-1].name, "side"),
+                             ("wait", "compute", cuda.events[-1].name)]
+    assert cuda.log.count(("enter", "side")) == 3
 
 
 def test_transfers_are_issued_in_start_order_whatever_completes_first(cuda):
@@ -108,10 +130,10 @@ def test_transfers_are_issued_in_start_order_whatever_completes_first(cuda):
     second = t.start(torch.ones(8), slot=1, mode="staged")
     second.ready.done = True
     t.advance()
-    assert first.handle is None and second.handle is None and t.pending() == 2
+    assert not first.issued and not second.issued and t.pending() == 2
     first.ready.done = True
     t.advance()
-    assert first.handle is not None and second.handle is not None and t.pending() == 0
+    assert first.issued and second.issued and t.pending() == 0
 
 
 def test_waiting_for_a_later_transfer_issues_the_earlier_ones_first(cuda):
@@ -121,7 +143,7 @@ def test_waiting_for_a_later_transfer_issues_the_earlier_ones_first(cuda):
     cuda.log.clear()
     second.wait()
     assert cuda.log == [("synchronize", first.ready.name), ("synchronize", second.ready.name)]
-    assert first.handle is not None and t.collectives == 2
+    assert first.issued and t.collectives == 2
     first.wait()
     assert torch.equal(first.buffer, torch.ones(4))
 
@@ -130,7 +152,7 @@ def test_device_bucket_waits_on_its_own_event_never_the_device(cuda):
     t = transport(cuda)
     transfer = t.start(torch.ones(4), slot=0, mode="device")
     assert cuda.log == [("record", "event0", "compute")]
-    assert transfer.handle is None
+    assert not transfer.issued
     transfer.ready.done = True
     t.advance()
     transfer.wait()
@@ -172,7 +194,7 @@ def test_issue_all_issues_each_transfer_as_its_event_completes(cuda):
 def test_host_bucket_is_issued_at_once_without_events(cuda):
     t = transport(cuda)
     transfer = t.start(torch.ones(4), slot=0)
-    assert transfer.mode == "host" and transfer.handle is not None and cuda.log == []
+    assert transfer.mode == "host" and transfer.issued and cuda.log == []
     transfer.wait()
 
 
