@@ -1,8 +1,7 @@
 """One bucket's trip through MPI from a GPU, taken apart: the staged path (copy to pinned
 memory on a side stream, ``Iallreduce``, copy back; in 4 MiB pieces, and whole) against
-its parts, against gloo's
-allreduce of the same CUDA tensor, and against the device-buffer path where MPI is
-CUDA-aware.
+its parts, against gloo's allreduce of the same CUDA tensor, and against the
+device-buffer path where MPI is CUDA-aware.
 
 Run on a GPU machine: ``mpiexec -n 2 python benchmarks/bench_staging.py``. Each figure is
 the median of the slowest rank's time, with the GPU synchronized at the end.
