@@ -146,7 +146,8 @@ def main():
     world = hpcddp.init()
     gloo, _backend, _store = make_gloo_group(world)
     device = world.device if args.device == "cuda" else torch.device("cpu")
-    models = args.models or ("mlp,toy_cifar" if device.type == "cpu" else "mlp,mlp_b1024,toy_cifar")
+    models = args.models or ("mlp,toy_cifar" if device.type == "cpu"
+                             else "mlp,mlp_b1024,toy_cifar")
     results = [bench_model(m, world, gloo, args.steps, caps=(1, 5, 100), device=device)
                for m in models.split(",")]
     name = "ddp" if device.type == "cpu" else "ddp_cuda"

@@ -30,7 +30,8 @@ def timed(comm, fn):
 
 def machine():
     return {"host": socket.gethostname(), "python": platform.python_version(),
-            "torch": torch.__version__, "mpi": MPI.Get_library_version().splitlines()[0].strip(" \t\x00"),
+            "torch": torch.__version__,
+            "mpi": MPI.Get_library_version().splitlines()[0].strip(" \t\x00"),
             "cpus": len(__import__("os").sched_getaffinity(0))}
 
 

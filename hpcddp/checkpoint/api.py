@@ -233,7 +233,8 @@ def load(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
     broadcasts it; the other ranks never touch the file system. Tensors are loaded on
     the host (or ``device``) and copied into place by each object's ``load_state_dict``,
     so optimizer state follows its parameters exactly as after ``torch.load(...,
-    map_location="cpu")`` (Adam's ``step`` stays on the host, as in an unbroken run). State dicts with or without the ``module.`` prefix load either way.
+    map_location="cpu")`` (Adam's ``step`` stays on the host, as in an unbroken run).
+    State dicts with or without the ``module.`` prefix load either way.
 
     Returns:
         ``Resumed(path, step, epoch, extra)``, or None when there is nothing to resume,

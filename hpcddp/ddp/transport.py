@@ -151,7 +151,9 @@ class Transport:
 
     def _bounds(self, buffer: torch.Tensor):
         numel = buffer.numel()
-        step = numel if self.chunk_bytes <= 0 else max(1, self.chunk_bytes // buffer.element_size())
+        if self.chunk_bytes <= 0:
+            return [(0, numel)]
+        step = max(1, self.chunk_bytes // buffer.element_size())
         return [(a, min(a + step, numel)) for a in range(0, max(numel, 1), step)]
 
     def start(self, buffer: torch.Tensor, slot: int, mode: Optional[str] = None) -> Transfer:

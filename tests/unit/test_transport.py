@@ -122,6 +122,8 @@ def test_large_staged_bucket_travels_in_pieces_each_issued_when_its_copy_is_done
     assert cuda.log[-2:] == [("record", cuda.events[-1].name, "side"),
                              ("wait", "compute", cuda.events[-1].name)]
     assert cuda.log.count(("enter", "side")) == 3
+    whole = Transport(MPI.COMM_SELF, cuda_aware=False, cuda=cuda, pinned=False, chunk_bytes=0)
+    assert len(whole.start(torch.ones(5), slot=0, mode="staged").pieces) == 1
 
 
 def test_transfers_are_issued_in_start_order_whatever_completes_first(cuda):
