@@ -3,8 +3,10 @@
 MPI needs a contiguous buffer of a type it knows. CPU tensors are handed over in place
 as NumPy views; bfloat16 travels as raw 16-bit words (reduced by ``comm.ops``); bool as
 bytes. A CUDA tensor goes to MPI as a device buffer only when MPI is CUDA-aware, after
-the stream that produced it is synchronized (MPI knows nothing of CUDA streams:
-mpi4py/mpi4py#60); otherwise it is staged through host memory.
+an event recorded on the stream that produced it has completed (MPI knows nothing of
+CUDA streams: mpi4py/mpi4py#60); otherwise it is staged through host memory. This is
+the blocking path of the torch.distributed backend; DDP's buckets travel through
+``hpcddp.ddp.transport``, which overlaps the same steps with backward.
 """
 
 from typing import Callable, NamedTuple, Optional
