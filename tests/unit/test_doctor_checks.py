@@ -1,6 +1,6 @@
 """Doctor's cross-rank consistency check."""
 
-from hpcddp.doctor import find_problems
+from hpcddp.doctor import find_advice, find_problems
 
 
 def _report(rank, **changes):
@@ -18,3 +18,28 @@ def test_version_mismatch_names_field_values_and_ranks():
     reports = [_report(0), _report(1), _report(2, torch="2.12.0"), _report(3, torch="2.12.0")]
     (problem,) = find_problems(reports)
     assert "torch" in problem and "2.12.0 on ranks 2,3" in problem and "2.13.0 on ranks 0,1" in problem
+
+
+def _seen(rank, library="MPICH Version: 5.0.2", device="cpu", aware=False):
+    return _report(rank, mpi_library=library, device=device, cuda_aware=aware,
+                   cuda_aware_reason="MPIX_Query_cuda_support() = 0")
+
+
+def test_open_mpi_4_on_few_ranks_is_told_about_the_ring():
+    ompi = "Open MPI v4.1.6"
+    (note,) = find_advice([_seen(r, ompi) for r in range(2)], environ={})
+    assert "OMPI_MCA_coll_libnbc_iallreduce_algorithm=1" in note
+    set_already = {"OMPI_MCA_coll_libnbc_iallreduce_algorithm": "1"}
+    assert find_advice([_seen(r, ompi) for r in range(2)], environ=set_already) == []
+    assert find_advice([_seen(r, ompi) for r in range(4)], environ={}) == []
+    assert find_advice([_seen(r, "Open MPI v5.0.8") for r in range(2)], environ={}) == []
+    assert find_advice([_seen(r) for r in range(2)], environ={}) == []
+
+
+def test_gpu_ranks_without_cuda_aware_mpi_are_told_they_stage():
+    reports = [_seen(0, device="cuda:0"), _seen(1, device="cuda:1")]
+    (note,) = find_advice(reports, environ={})
+    assert "ranks 0,1" in note and "staged through pinned host memory" in note
+    assert "MPIX_Query_cuda_support() = 0" in note
+    aware = [_seen(r, device=f"cuda:{r}", aware=True) for r in range(2)]
+    assert find_advice(aware, environ={}) == []
