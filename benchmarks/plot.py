@@ -20,7 +20,7 @@ def load(name):
 
 
 def main():
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    fig, axes = plt.subplots(2, 3, figsize=(18, 8))
 
     ddp = {r["model"]: r for r in load("ddp")["results"]}
     ax = axes[0][0]
@@ -59,6 +59,32 @@ def main():
     ax.set_ylabel("ms")
     ax.set_title("checkpoint of 72 MiB (MLP + Adam), 2 ranks")
     ax.tick_params(axis="x", labelsize=8)
+
+    ax = axes[0][2]
+    runs = {"MPICH": "ddp_cuda_mpich", "Open MPI, ring": "ddp_cuda_openmpi_ring",
+            "Open MPI": "ddp_cuda_openmpi_bindnone"}
+    keys = ["no_communication", "torch_ddp_gloo", "hpcddp", "hpcddp_staged_whole"]
+    for i, key in enumerate(keys):
+        values = [next(r for r in load(f)["results"] if r["model"] == "mlp")["step_ms"][key]
+                  for f in runs.values()]
+        ax.bar([x + i * width for x in range(len(runs))], values, width, label=key)
+    ax.set_xticks([x + 1.5 * width for x in range(len(runs))], list(runs))
+    ax.set_ylabel("ms")
+    ax.set_title("DDP step, MLP, 2 ranks on one H100 (lower is better)")
+    ax.legend(fontsize=8)
+
+    ax = axes[1][2]
+    for name, f in (("MPICH", "staging_cuda_mpich"),
+                    ("Open MPI, ring", "staging_cuda_openmpi_ring")):
+        rows = load(f)["rows"]
+        sizes = [r["bytes"] for r in rows]
+        ax.loglog(sizes, [r["staged_trip_ms"] for r in rows], marker="o", label=f"staged, {name}")
+        ax.loglog(sizes, [r["gloo_cuda_ms"] for r in rows], marker="x", ls="--",
+                  label=f"gloo, {name}")
+    ax.set_xlabel("bucket bytes")
+    ax.set_ylabel("ms")
+    ax.set_title("one bucket's allreduce from the GPU")
+    ax.legend(fontsize=8)
 
     fig.tight_layout()
     out = RESULTS / "summary.png"
