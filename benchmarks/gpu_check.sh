@@ -15,7 +15,7 @@ export HPCDDP_TEST_GPU=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "${PY}" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device')"
 "${MPIEXEC[@]}" -n 2 "${PY}" -m hpcddp doctor --max-bytes 16777216
 # What the device-buffer self-test says of this MPI, whatever detection says.
-"${PY}" -c "from hpcddp.comm.selftest import run_self_test; print(run_self_test())"
+"${PY}" -c "from hpcddp.world import device_self_test; print(device_self_test())"
 timeout -k 10 300 "${PY}" -m pytest -q tests/unit
 timeout -k 10 900 "${MPIEXEC[@]}" -n 2 "${PY}" -m pytest -q -p hpcddp.testing tests/mpi
 # The demo, end to end on the GPU: pinned loader batches, staged or device buckets.

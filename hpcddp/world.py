@@ -4,8 +4,10 @@ Binds each rank to its device and thread count, detects CUDA-awareness, installs
 abort-on-error hook, and gives torch.distributed an MPI-backed default group.
 """
 
+import importlib.util
 import os
 import socket
+import sys
 import warnings
 from typing import Optional, Sequence
 
@@ -16,7 +18,7 @@ from hpcddp.comm import clone_comm, detect_cuda_aware, install_abort_hook, node_
 from hpcddp.comm.abort import uninstall_abort_hook
 from hpcddp.env import check_not_singleton, detect_launcher, get_setting
 
-__all__ = ["World", "init", "get_world", "shutdown", "device_index"]
+__all__ = ["World", "init", "get_world", "shutdown", "device_index", "device_self_test"]
 
 _WORLD: Optional["World"] = None
 
@@ -32,6 +34,27 @@ def _cpus_for_rank(local_comm) -> int:
     masks = local_comm.allgather(sorted(mine))
     sharing = sum(1 for mask in masks if mine.intersection(mask))
     return max(1, len(mine) // max(1, sharing))
+
+
+_TORCH_SETUP = r"""
+import torch
+torch.cuda.init()
+send = torch.full((1,), 3.0, device="cuda"); recv = torch.zeros(1, device="cuda")
+torch.cuda.synchronize()
+get = lambda a: float(a.cpu()[0])
+"""
+
+
+def device_self_test():
+    """Run the device-buffer allreduce self-test of ``hpcddp.comm.selftest`` in a
+    subprocess, on CuPy arrays where CuPy is installed, else on torch tensors.
+
+    Returns:
+        ``SelfTest(passed, reason)``.
+    """
+    from hpcddp.comm.selftest import CUPY_SETUP, run_self_test, self_test_code
+    setup = CUPY_SETUP if importlib.util.find_spec("cupy") else _TORCH_SETUP
+    return run_self_test([sys.executable, "-c", self_test_code(setup)])
 
 
 def device_index(local_rank: int, visible: Sequence[Optional[str]], count: int) -> int:
@@ -100,8 +123,7 @@ class World:
 
         .. warning:: Collective.
         """
-        from hpcddp.comm.selftest import run_self_test
-        result = run_self_test() if self.rank == 0 else None
+        result = device_self_test() if self.rank == 0 else None
         result = self.comm.bcast(result, root=0)
         if result.passed:
             self.cuda_aware_reason += f"; {result.reason}"

@@ -12,27 +12,32 @@ import subprocess
 import sys
 from typing import NamedTuple, Optional, Sequence
 
-__all__ = ["SelfTest", "run_self_test", "clean_environment", "SELF_TEST_CODE"]
+__all__ = ["SelfTest", "run_self_test", "clean_environment", "self_test_code", "CUPY_SETUP"]
 
-# Runs in the subprocess. CuPy when it is there (the cuda12/cuda13 extras), else torch;
-# both hand MPI the device pointer (__cuda_array_interface__ / DLPack).
-SELF_TEST_CODE = r"""
-import sys
+# Runs in the subprocess after ``setup`` has made ``send``, ``recv`` (one float32 each, on
+# the GPU) and ``get``, which reads a value back to the host. Any array type MPI can take
+# as a device buffer (__cuda_array_interface__ / DLPack) will do.
+_TEMPLATE = r"""
 from mpi4py import MPI
-try:
-    import cupy as xp
-    send = xp.full(1, 3.0, dtype=xp.float32); recv = xp.zeros(1, dtype=xp.float32)
-    xp.cuda.runtime.deviceSynchronize()
-    get = lambda a: float(a.get()[0])
-except ImportError:
-    import torch
-    torch.cuda.init()
-    send = torch.full((1,), 3.0, device="cuda"); recv = torch.zeros(1, device="cuda")
-    torch.cuda.synchronize()
-    get = lambda a: float(a.cpu()[0])
+{setup}
 MPI.COMM_SELF.Allreduce(send, recv, op=MPI.SUM)
 print("hpcddp-self-test-result", get(recv))
 """
+
+# CuPy (the cuda12/cuda13 extras). The torch variant lives with the torch glue in
+# ``hpcddp.world``: this package never imports torch, not even in a subprocess.
+CUPY_SETUP = r"""
+import cupy as xp
+send = xp.full(1, 3.0, dtype=xp.float32); recv = xp.zeros(1, dtype=xp.float32)
+xp.cuda.runtime.deviceSynchronize()
+get = lambda a: float(a.get()[0])
+"""
+
+
+def self_test_code(setup: str = CUPY_SETUP) -> str:
+    """The self-test program, with ``setup`` allocating its device buffers."""
+    return _TEMPLATE.format(setup=setup.strip())
+
 
 # Variables that place a process in the launcher's job. The rest stay, the user's and
 # the site's MPI settings above all (OMPI_MCA_plm=isolated, MV2_USE_CUDA=1,
@@ -68,10 +73,10 @@ def run_self_test(command: Optional[Sequence[str]] = None, timeout: float = 120.
     """Run the device-buffer allreduce in a subprocess and judge it.
 
     Args:
-        command: the command to run; by default this Python on ``SELF_TEST_CODE``.
+        command: the command to run; by default this Python on ``self_test_code()``.
         timeout: seconds before the test counts as failed.
     """
-    command = list(command) if command else [sys.executable, "-c", SELF_TEST_CODE]
+    command = list(command) if command else [sys.executable, "-c", self_test_code()]
     env = clean_environment(os.environ)
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)

@@ -91,8 +91,8 @@ def test_self_test_runs_outside_the_job_as_a_singleton(world):
 def test_cuda_aware_self_test_on_a_gpu(world):
     from gpu import skip_or_fail_without_gpu
     skip_or_fail_without_gpu("the device-buffer allreduce self-test")
-    from hpcddp.comm.selftest import run_self_test
-    result = run_self_test()
+    from hpcddp.world import device_self_test
+    result = device_self_test()
     # Either verdict is legitimate; what matters is that a non-aware MPI is caught here
     # instead of crashing, and that World agrees with the verdict when it ran.
     assert result.reason
@@ -106,8 +106,8 @@ def test_world_falls_back_to_staging_when_mpi_crashes_on_device_memory():
     from gpu import skip_or_fail_without_gpu
     skip_or_fail_without_gpu("the fallback after a failed device-buffer self-test")
     world = hpcddp.get_world()  # not the module's fixture: a test above re-initialized
-    from hpcddp.comm.selftest import run_self_test
-    verdict = world.comm.bcast(run_self_test() if world.rank == 0 else None, root=0)
+    from hpcddp.world import device_self_test
+    verdict = world.comm.bcast(device_self_test() if world.rank == 0 else None, root=0)
     if verdict.passed:
         pytest.skip("this MPI passes the device-buffer self-test: nothing to fall back from")
     saved = world.cuda_aware, world.cuda_aware_reason

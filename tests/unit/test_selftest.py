@@ -3,6 +3,9 @@ machine lacks; the real self-test runs in tests/mpi/test_world.py on a GPU machi
 
 import sys
 
+import pytest
+import torch
+
 from hpcddp.comm.selftest import clean_environment, run_self_test
 
 
@@ -54,3 +57,11 @@ def test_job_variables_go_and_mpi_settings_stay():
                 "MPIR_CVAR_ENABLE_GPU": "1", "UCX_TLS": "cuda,sm", "SLURM_JOB_ID": "7",
                 "CUDA_VISIBLE_DEVICES": "0", "PATH": "/usr/bin"}
     assert clean_environment({**job, **settings}) == settings
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the verdict on a machine without CUDA")
+def test_torch_variant_without_cuda_fails_and_says_why():
+    # No CuPy here, so the torch variant runs; without a GPU it must fail, not pass.
+    from hpcddp.world import device_self_test
+    result = device_self_test()
+    assert not result.passed and "CUDA" in result.reason
