@@ -12,7 +12,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import hpcddp
-from common import make_gloo_group, median_ms, timed, write
+from common import interleaved_ms, make_gloo_group, write
 
 
 def main():
@@ -30,13 +30,7 @@ def main():
             "gloo": lambda: gloo.allreduce([tensor]).wait(),
             "mpi4py": lambda: world.comm.Allreduce(MPI.IN_PLACE, array),
         }
-        samples = {name: [] for name in runs}
-        for fn in runs.values():
-            fn()  # warm-up
-        for _ in range(args.iters):
-            for name, fn in runs.items():
-                samples[name].append(timed(world.comm, fn))
-        row = {"bytes": nbytes, **{f"{k}_ms": median_ms(v) for k, v in samples.items()}}
+        row = {"bytes": nbytes, **interleaved_ms(world.comm, runs, args.iters)}
         row["hpcddp_vs_gloo"] = row["hpcddp_ms"] / row["gloo_ms"]
         row["hpcddp_vs_mpi4py"] = row["hpcddp_ms"] / row["mpi4py_ms"]
         rows.append(row)

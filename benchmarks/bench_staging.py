@@ -13,7 +13,7 @@ import torch
 from mpi4py import MPI
 
 import hpcddp
-from common import make_gloo_group, median_ms, timed, write
+from common import interleaved_ms, make_gloo_group, write
 from hpcddp.ddp.transport import Transport
 from hpcddp.pinned import pinned_empty
 
@@ -48,13 +48,7 @@ def main():
         }
         if device is not None:
             runs["device_trip"] = lambda: _trip(device, bucket)
-        samples = {name: [] for name in runs}
-        for fn in runs.values():
-            fn()  # warm-up: staging buffers, gloo's pinned memory
-        for _ in range(args.iters):
-            for name, fn in runs.items():
-                samples[name].append(timed(world.comm, fn))
-        row = {"bytes": nbytes, **{f"{k}_ms": median_ms(v) for k, v in samples.items()}}
+        row = {"bytes": nbytes, **interleaved_ms(world.comm, runs, args.iters)}
         row["staged_vs_gloo"] = row["staged_trip_ms"] / row["gloo_cuda_ms"]
         row["staged_vs_iallreduce_pinned"] = row["staged_trip_ms"] / row["iallreduce_pinned_ms"]
         rows.append(row)

@@ -39,6 +39,21 @@ def median_ms(samples):
     return float(np.median(samples) * 1e3)
 
 
+def interleaved_ms(comm, runs, iters):
+    """Warm each of ``runs`` up once, then time them in turn ``iters`` times.
+
+    Returns ``{"<name>_ms": median of the slowest rank's times}``; interleaving keeps a
+    drift in the machine's speed from favouring one of them.
+    """
+    samples = {name: [] for name in runs}
+    for fn in runs.values():
+        fn()
+    for _ in range(iters):
+        for name, fn in runs.items():
+            samples[name].append(timed(comm, fn))
+    return {f"{name}_ms": median_ms(values) for name, values in samples.items()}
+
+
 def write(name, payload, world):
     """Write ``results/<name>.json`` on rank 0 and return its path."""
     if not world.is_main:
