@@ -16,7 +16,7 @@ import torch
 
 from hpcddp.comm.ops import BFLOAT16
 
-__all__ = ["MPIView", "mpi_view", "numpy_view"]
+__all__ = ["MPIView", "mpi_view", "numpy_view", "transfer_mode"]
 
 BOOL = "bool"
 
@@ -43,6 +43,16 @@ def numpy_view(tensor: torch.Tensor):
     return tensor.numpy(), None
 
 
+def transfer_mode(tensor: torch.Tensor, cuda_aware: bool) -> str:
+    """``host``, ``device`` or ``staged``: how ``tensor`` is shown to MPI."""
+    if not tensor.is_cuda:
+        return "host"
+    # The bf16 sum is a user-defined MPI op that runs on the host, so bf16 is staged.
+    if cuda_aware and tensor.dtype != torch.bfloat16:
+        return "device"
+    return "staged"
+
+
 def mpi_view(tensor: torch.Tensor, cuda_aware: bool, writable: bool = True) -> MPIView:
     """Show ``tensor`` to MPI.
 
@@ -52,8 +62,7 @@ def mpi_view(tensor: torch.Tensor, cuda_aware: bool, writable: bool = True) -> M
         writable: MPI writes the result here; staged copies are copied back by ``finish``.
     """
     tensor = tensor.detach()
-    if tensor.is_cuda and cuda_aware and tensor.dtype != torch.bfloat16:
-        # The bf16 reduction runs on the host inside MPI, so bf16 is always staged.
+    if transfer_mode(tensor, cuda_aware) == "device":
         work = tensor if tensor.is_contiguous() else tensor.contiguous()
         # MPI reads now: wait for the kernels queued on the producing stream up to here,
         # not for the whole device (later work on other streams may go on).

@@ -29,22 +29,12 @@ from typing import Deque, Dict, List, Optional
 import torch
 from mpi4py import MPI
 
-from hpcddp.buffers import numpy_view
+from hpcddp.buffers import numpy_view, transfer_mode
 from hpcddp.comm import Handle
 from hpcddp.comm.ops import mpi_op
 from hpcddp.pinned import HostBuffer
 
-__all__ = ["Transport", "Transfer", "transfer_mode"]
-
-
-def transfer_mode(tensor: torch.Tensor, cuda_aware: bool) -> str:
-    """``host``, ``device`` or ``staged``: how ``tensor`` is shown to MPI."""
-    if not tensor.is_cuda:
-        return "host"
-    # The bf16 sum is a user-defined MPI op that runs on the host, so bf16 is staged.
-    if cuda_aware and tensor.dtype != torch.bfloat16:
-        return "device"
-    return "staged"
+__all__ = ["Transport", "Transfer"]
 
 
 class _Piece:

@@ -12,7 +12,8 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from hpcddp.ddp.transport import Transport, transfer_mode
+from hpcddp.buffers import transfer_mode
+from hpcddp.ddp.transport import Transport
 from hpcddp.pinned import HostBuffer
 
 
