@@ -66,7 +66,7 @@ def _stepper(model):
 
 def gradient_memory(ddp):
     """Bytes held for gradients: bucket buffers plus .grad tensors living outside them."""
-    buckets = {b.buffer.untyped_storage().data_ptr(): b.buffer.untyped_storage().nbytes()
+    buckets = {b.buffer().untyped_storage().data_ptr(): b.buffer().untyped_storage().nbytes()
                for b in ddp.reducer.buckets}
     outside = {p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes()
                for p in ddp.parameters() if p.grad is not None}
@@ -113,8 +113,7 @@ def bench_model(name, world, gloo, steps, caps, device):
             timed(world.comm, lambda: world.comm.Allreduce(MPI.IN_PLACE, flat)))
     ms = {k: median_ms(v) for k, v in samples.items()}
     memory = {"hpcddp": gradient_memory(plain), "hpcddp_bucket_view": gradient_memory(viewed),
-              "hpcddp_pinned_staging": sum(b.capacity for b in
-                                           plain.reducer.transport._staging.values())}
+              "hpcddp_pinned_staging": plain.reducer.transport.staged.staged_bytes}
     exposed = {k: ms[k] - ms["no_communication"] for k in ms if k.startswith(("hpcddp", "torch"))}
     result = {
         "model": name, "grad_bytes": grad_bytes, "step_ms": ms, "exposed_comm_ms": exposed,

@@ -14,12 +14,12 @@ from mpi4py import MPI
 
 import hpcddp
 from common import interleaved_ms, make_gloo_group, write
-from hpcddp.ddp.transport import Transport
+from hpcddp.transport import Transport
 from hpcddp.pinned import pinned_empty
 
 
 def _trip(transport, bucket):
-    transport.start(bucket, slot=0).wait()
+    transport.allreduce(bucket, slot=0).wait()
 
 
 def main():

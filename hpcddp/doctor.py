@@ -14,9 +14,10 @@ from typing import Dict, List
 
 import numpy as np
 
+from hpcddp.comm.ranks import by_value, ranks_text
+
 __all__ = ["main", "rank_report", "find_problems", "find_advice", "allreduce_bandwidth"]
 
-_THREAD_LEVELS = {0: "single", 1: "funneled", 2: "serialized", 3: "multiple"}
 # Fields that must agree across ranks, or ranks may compute or communicate differently.
 _MUST_AGREE = ("hpcddp", "torch", "mpi4py", "mpi_library", "python")
 
@@ -40,7 +41,7 @@ def rank_report(world) -> Dict[str, object]:
         "node_rank": world.node_rank, "device": str(world.device),
         "threads": world.num_threads, "mpi_library": _mpi_library(MPI),
         "mpi_standard": "%d.%d" % MPI.Get_version(), "launcher": world.launcher,
-        "thread_level": _THREAD_LEVELS.get(MPI.Query_thread(), str(MPI.Query_thread())),
+        "thread_level": world.thread_level,
         "cuda_aware": world.cuda_aware, "cuda_aware_reason": world.cuda_aware_reason,
         "h5py": h5py.__version__, "h5py_mpi": bool(h5py.get_config().mpi),
         "hpcddp": hpcddp.__version__, "torch": torch.__version__,
@@ -52,11 +53,9 @@ def find_problems(reports: List[Dict[str, object]]) -> List[str]:
     """Return one line per field on which the ranks disagree."""
     problems = []
     for field in _MUST_AGREE:
-        values = {}
-        for report in reports:
-            values.setdefault(report[field], []).append(report["rank"])
+        values = by_value(report[field] for report in reports)
         if len(values) > 1:
-            said = "; ".join(f"{v} on ranks {_ranks(r)}" for v, r in values.items())
+            said = "; ".join(f"{v} on ranks {ranks_text(r)}" for v, r in values)
             problems.append(f"ranks disagree on {field}: {said}. Install the same "
                             f"environment on every node (one venv on a shared file system).")
     return problems
@@ -77,15 +76,11 @@ def find_advice(reports: List[Dict[str, object]], environ=os.environ) -> List[st
               if str(r["device"]).startswith("cuda") and not r["cuda_aware"]]
     if staged:
         advice.append(
-            f"ranks {_ranks(staged)} compute on a GPU but MPI is not CUDA-aware "
+            f"ranks {ranks_text(staged)} compute on a GPU but MPI is not CUDA-aware "
             f"({reports[staged[0]]['cuda_aware_reason']}): gradients are staged through "
             f"pinned host memory. A CUDA-aware site MPI (Open MPI with UCX, MVAPICH2-GDR, "
             f"Cray MPICH) with mpi4py built against it hands device buffers to MPI directly.")
     return advice
-
-
-def _ranks(ranks):
-    return ",".join(map(str, ranks[:8])) + (",..." if len(ranks) > 8 else "")
 
 
 def allreduce_bandwidth(comm, sizes, min_seconds=0.2, max_iters=50):
@@ -151,7 +146,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from hpcddp.env import ConfigError, SingletonLaunchError
-    from hpcddp.world import init
+    from hpcddp.runtime import init
 
     try:
         world = init(torch_group=False)

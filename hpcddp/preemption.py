@@ -16,6 +16,7 @@ from typing import Optional
 from mpi4py import MPI
 
 from hpcddp.env import ConfigError, get_setting
+from hpcddp.runtime import finalize, get_world
 
 __all__ = ["Preemption"]
 
@@ -57,7 +58,6 @@ class Preemption:
 
     def __init__(self, signum: Optional[int] = None, comm=None):
         if comm is None:
-            from hpcddp.world import get_world
             comm = get_world().comm
         self.comm = comm
         self.signum = signum if signum is not None else _signal_number(
@@ -88,7 +88,8 @@ class Preemption:
         self.comm.Barrier()
         rank = self.comm.rank
         sys.stdout.flush()
-        MPI.Finalize()
+        # Everything hpcddp opened on MPI (MPI-IO files above all) is closed first.
+        finalize()
         job = _slurm_job_id() if rank == 0 else None
         if job:
             done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)

@@ -2,25 +2,38 @@
 
 torch's pip wheels ship without ``ProcessGroupMPI``. This backend implements the
 collectives torch.distributed scripts use (allreduce, broadcast, allgather,
-reduce_scatter, reduce, gather, scatter, alltoall, barrier, send/recv) on mpi4py's
-non-blocking operations, so ``dist.barrier()``, ``dist.all_reduce(loss)`` and torch's
-own ``DistributedSampler`` work after ``hpcddp.init()`` with no TCP store and no ports.
+reduce_scatter, reduce, gather, scatter, alltoall, barrier, send/recv) as operations of
+a ``hpcddp.transport.Transport``, so ``dist.barrier()``, ``dist.all_reduce(loss)`` and
+torch's own ``DistributedSampler`` work after ``hpcddp.init()`` with no TCP store and no
+ports, and CUDA tensors get the same events and pinned staging as DDP's buckets.
+
+Work is asynchronous: a collective returns once its MPI request is issued (or queued
+behind its CUDA producer's event). ``work.wait()`` drives it to completion;
+``work.get_future()`` returns a ``torch.futures.Future`` that hpcddp's progress thread
+(``hpcddp.comm.progress``) completes when MPI does, so ``.then()`` chains run without a
+``wait()``. Below ``MPI_THREAD_MULTIPLE`` no helper thread may call MPI, and
+``get_future()`` completes the operation before it returns (with a warning).
 """
 
+import threading
+import time
 from datetime import timedelta
 from itertools import accumulate
-from typing import List
+from typing import Callable, List, Optional
 
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from hpcddp.buffers import BOOL, mpi_view
-from hpcddp.comm import Handle
+from hpcddp.comm import lifetime
+from hpcddp.comm.handle import HandleTimeout
 from hpcddp.comm.ops import mpi_op
+from hpcddp.comm.progress import background
+from hpcddp.comm.threads import helper_threads_allowed
+from hpcddp.transport import Transfer, Transport
 
 __all__ = ["BACKEND", "MPIProcessGroup", "comm_of", "destroy_default_group",
-           "init_default_group"]
+           "init_default_group", "register_backend"]
 
 BACKEND = "hpcddp"
 
@@ -29,28 +42,40 @@ _REDUCE = {
     dist.ReduceOp.MAX: "max", dist.ReduceOp.BAND: "band", dist.ReduceOp.BOR: "bor",
     dist.ReduceOp.BXOR: "bxor", dist.ReduceOp.AVG: "sum",
 }
-# On 0/1 bytes, sum and product of bools are "any" and "all".
-_BOOL_REDUCE = {"sum": "bor", "product": "band"}
+
+
+def _seconds(timeout) -> Optional[float]:
+    """torch's timeout (a timedelta; zero means none) in seconds, or None."""
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout or 0)
+    return seconds if seconds > 0 else None
 
 
 class _Work(dist._Work):
-    """The torch Work of an hpcddp collective: waits on its MPI handles."""
+    """The torch Work of an hpcddp collective: its transfers, and their future."""
 
-    def __init__(self, handles: List[Handle], result: List[torch.Tensor]):
+    def __init__(self, transfers: List[Transfer], result: List[torch.Tensor]):
         super().__init__()
-        self._handles = handles
+        self._transfers = transfers
         self._result = result
-        self._future = torch.futures.Future()
+        self._future: Optional[torch.futures.Future] = None
+        self._settle = threading.Lock()
 
     def wait(self, timeout=timedelta(0)):
-        for handle in self._handles:
-            handle.wait()
-        if not self._future.done():
-            self._future.set_result(self._result)
+        """Wait for every transfer; raise ``HandleTimeout`` naming the operation after
+        ``timeout`` (zero: no limit)."""
+        seconds = _seconds(timeout)
+        deadline = None if seconds is None else time.monotonic() + seconds
+        for transfer in self._transfers:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                transfer.wait(left)
+            except HandleTimeout as error:
+                raise HandleTimeout(f"{error} (waited with timeout={seconds:g} s)") from None
+        self._resolve(None)
         return True
 
     def is_completed(self):
-        return all(handle.test() for handle in self._handles)
+        return all(transfer.test() for transfer in self._transfers)
 
     def is_success(self):
         return self.is_completed()
@@ -59,9 +84,37 @@ class _Work(dist._Work):
         self.wait()
         return self._result
 
+    def _resolve(self, error: Optional[BaseException]) -> None:
+        with self._settle:
+            if self._future is None or self._future.done():
+                return
+            if error is not None:
+                self._future.set_exception(error)
+                return
+            for transfer in self._transfers:
+                transfer.synchronize()  # any stream may read a completed future's tensors
+            self._future.set_result(self._result)
+
     def get_future(self):
-        # A future nobody completes would hang its waiter: complete it here.
-        self.wait()
+        """A future of the result tensors, completed when MPI completes the operation."""
+        with self._settle:
+            if self._future is not None:
+                return self._future
+            self._future = torch.futures.Future()
+        if all(transfer.done for transfer in self._transfers):
+            self._resolve(None)
+        elif helper_threads_allowed("completing futures in the background",
+                                    "get_future() waits for the operation first"):
+            left = [len(self._transfers)]
+
+            def one_done(error):
+                left[0] -= 1
+                if error is not None or left[0] == 0:
+                    self._resolve(error)
+            for transfer in self._transfers:
+                background().watch(transfer, one_done)
+        else:
+            self.wait()
         return self._future
 
 
@@ -69,22 +122,31 @@ class _RecvWork(_Work):
     """A receive from any source, which can tell where the message came from."""
 
     def _source_rank(self):
-        return self._handles[0].source()
+        self.wait()
+        return self._transfers[0].result
 
 
-class MPIProcessGroup(dist.ProcessGroup):
+class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
     """A torch.distributed process group whose collectives run on an mpi4py communicator.
 
     Args:
         comm: the communicator; group rank and size are its rank and size.
         cuda_aware: hand CUDA tensors to MPI as device buffers.
+        owns_comm: ``close()`` frees ``comm`` (a duplicate made for this group).
+
+    ``dist.destroy_process_group`` closes it; ``close()`` does the same by hand.
     """
 
-    def __init__(self, comm, cuda_aware: bool = False):
+    _what = "hpcddp process group"
+
+    def __init__(self, comm, cuda_aware: bool = False, owns_comm: bool = False):
         super().__init__(comm.rank, comm.size)
         self._hpcddp_name = self._hpcddp_desc = ""
         self.comm = comm
         self.cuda_aware = cuda_aware
+        self.transport = Transport(comm, cuda_aware)
+        self._owns_comm = owns_comm
+        self._opened()
 
     def getBackendName(self):
         return BACKEND
@@ -105,184 +167,207 @@ class MPIProcessGroup(dist.ProcessGroup):
     def group_desc(self):
         return self._hpcddp_desc
 
+    def shutdown(self):
+        """Called by ``dist.destroy_process_group``: release the communicator."""
+        self.close()
+
+    def _release(self):
+        # Whatever is still in flight completes first: its buffers are MPI's until then.
+        self.transport.issue_all()
+        if self._owns_comm:
+            lifetime.free_comm(self.comm)
+
     # -- helpers ---------------------------------------------------------------------
 
-    def _view(self, tensor, writable=True):
-        return mpi_view(tensor, self.cuda_aware, writable)
-
-    def _op(self, opts, view):
+    def _op_name(self, opts, tensor):
         red = opts.reduceOp
-        name = _REDUCE.get(red.op if hasattr(red, "op") else red)
+        red = red.op if hasattr(red, "op") else red
+        name = _REDUCE.get(red)
         if name is None:
-            raise ValueError(f"reduce op {red} is not supported by the hpcddp backend; "
-                             f"use SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR or BXOR")
-        if view.kind == BOOL:
-            name = _BOOL_REDUCE.get(name, name)
-        return mpi_op(name, view.kind)
-
-    def _is_avg(self, opts, tensor):
-        red = opts.reduceOp
-        if (red.op if hasattr(red, "op") else red) != dist.ReduceOp.AVG:
-            return False
-        if not (tensor.is_floating_point() or tensor.is_complex()):
+            raise ValueError(f"reduce op {opts.reduceOp} is not supported by the hpcddp "
+                             f"backend; use SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR or BXOR")
+        if red == dist.ReduceOp.AVG and not (tensor.is_floating_point() or tensor.is_complex()):
             raise ValueError(f"ReduceOp.AVG needs a floating-point tensor, got {tensor.dtype}")
-        return True
+        return name, red == dist.ReduceOp.AVG
 
-    def _handle(self, request, views, after=None):
-        """One Handle: wait ``request``, copy staged results back, then run ``after``."""
-        def complete():
-            for view in views:
-                if view.finish is not None:
-                    view.finish()
-            if after is not None:
-                after()
-        return Handle([request], keep=[v.buf for v in views], on_complete=complete)
+    def _submit(self, what, tensors, issue, result=None) -> Transfer:
+        self._check_open()
+        name = f"{what} on {self.comm.Get_name()} (rank {self.comm.rank} of {self.comm.size})"
+        return self.transport.submit(name, tensors, issue, result)
 
-    def _reduced(self, tensor, opts, make_request):
-        view = self._view(tensor)
-        avg = self._is_avg(opts, tensor)
-        after = (lambda: tensor.div_(self.comm.size)) if avg else None
-        return self._handle(make_request(view, self._op(opts, view)), [view], after)
+    def _work(self, transfers, result, cls=_Work):
+        return cls(transfers, result)
 
     # -- collectives -----------------------------------------------------------------
+    # AVG divides before the sum (torch's comm hooks do the same, against overflow), on
+    # the caller's stream, so the result needs no further step after MPI completes.
 
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
-        handles = [self._reduced(t, opts, lambda v, op: self.comm.Iallreduce(
-            MPI.IN_PLACE, v.buf, op=op)) for t in tensors]
-        return _Work(handles, list(tensors))
+        transfers = []
+        for tensor in tensors:
+            name, avg = self._op_name(opts, tensor)
+            if avg:
+                tensor.div_(self.comm.size)
+            self._check_open()
+            transfers.append(self.transport.allreduce(tensor, name, name=_label(
+                f"allreduce ({name})", tensor, self.comm)))
+        return self._work(transfers, list(tensors))
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts or dist.AllreduceCoalescedOptions())
 
     def reduce(self, tensors, opts=None):
         opts = opts or dist.ReduceOptions()
-        root = opts.rootRank
+        root, tensor = opts.rootRank, tensors[opts.rootTensor]
+        name, avg = self._op_name(opts, tensor)
+        is_root = self.comm.rank == root
+        send = tensor if not avg else (tensor.div_(self.comm.size) if is_root
+                                       else tensor / self.comm.size)
 
-        def request(view, op):
-            if self.comm.rank == root:
-                return self.comm.Ireduce(MPI.IN_PLACE, view.buf, op=op, root=root)
-            return self.comm.Ireduce(view.buf, None, op=op, root=root)
-        tensor = tensors[opts.rootTensor]
-        if self.comm.rank != root and self._is_avg(opts, tensor):
-            # Only the root's tensor holds the result; others must not be divided.
-            view = self._view(tensor, writable=False)
-            return _Work([self._handle(request(view, self._op(opts, view)), [view])], [tensor])
-        return _Work([self._reduced(tensor, opts, request)], [tensor])
+        def issue(b):
+            if is_root:
+                return self.comm.Ireduce(MPI.IN_PLACE, b.buf, op=mpi_op(name, b.kind), root=root)
+            return self.comm.Ireduce(b.buf, None, op=mpi_op(name, b.kind), root=root)
+        transfer = self._submit(_label(f"reduce ({name}) to rank {root}", tensor),
+                                [(send, True, is_root)], issue)
+        return self._work([transfer], [tensor])
 
     def broadcast(self, tensors, opts=None):
         opts = opts or dist.BroadcastOptions()
         root = opts.rootRank
-        handles = []
-        for tensor in tensors:
-            view = self._view(tensor, writable=self.comm.rank != root)
-            handles.append(self._handle(self.comm.Ibcast(view.buf, root=root), [view]))
-        return _Work(handles, list(tensors))
+        self._check_open()
+        transfers = [self.transport.broadcast(t, root, _label(f"broadcast from rank {root}", t,
+                                                              self.comm))
+                     for t in tensors]
+        return self._work(transfers, list(tensors))
 
-    def _allgather_one(self, output, tensor):
-        src = self._view(tensor, writable=False)
-        dst = self._view(output)
-        return self._handle(self.comm.Iallgather(src.buf, dst.buf), [src, dst])
+    def _allgather_one(self, output, tensor, then=None):
+        transfer = self._submit(_label("allgather", tensor), [(tensor, True, False),
+                                                              (output, False, True)],
+                                lambda src, dst: self.comm.Iallgather(src.buf, dst.buf))
+        return transfer.then(then) if then else transfer
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        handles = []
+        transfers = []
         for outputs, tensor in zip(output_tensors, input_tensors):
             gathered = tensor.new_empty((self.comm.size,) + tuple(tensor.shape))
-            handle = self._allgather_one(gathered, tensor)
-            handles.append(handle.then(lambda o=outputs, g=gathered: _unstack(g, o)))
-        return _Work(handles, [t for outs in output_tensors for t in outs])
+            transfers.append(self._allgather_one(
+                gathered, tensor, lambda o=outputs, g=gathered: _unstack(g, o)))
+        return self._work(transfers, [t for outs in output_tensors for t in outs])
 
     def _allgather_base(self, output, input, opts=None):
-        return _Work([self._allgather_one(output, input)], [output])
+        return self._work([self._allgather_one(output, input)], [output])
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        return _Work([self._allgather_one(o, i) for o, i in zip(outputs, inputs)],
-                     list(outputs))
+        return self._work([self._allgather_one(o, i) for o, i in zip(outputs, inputs)],
+                          list(outputs))
 
     def _reduce_scatter_one(self, output, tensor, opts):
-        src = self._view(tensor, writable=False)
+        name, avg = self._op_name(opts, tensor)
+        if avg:
+            tensor = tensor / self.comm.size
 
-        def request(view, op):
-            return self.comm.Ireduce_scatter_block(src.buf, view.buf, op=op)
-        return self._reduced(output, opts, request).keep_alive(src.buf)
+        def issue(src, dst):
+            return self.comm.Ireduce_scatter_block(src.buf, dst.buf, op=mpi_op(name, dst.kind))
+        return self._submit(_label(f"reduce_scatter ({name})", output),
+                            [(tensor, True, False), (output, False, True)], issue)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.ReduceScatterOptions()
-        handles = [self._reduce_scatter_one(out, torch.stack(list(ins)), opts)
-                   for out, ins in zip(output_tensors, input_tensors)]
-        return _Work(handles, list(output_tensors))
+        transfers = [self._reduce_scatter_one(out, torch.stack(list(ins)), opts)
+                     for out, ins in zip(output_tensors, input_tensors)]
+        return self._work(transfers, list(output_tensors))
 
     def _reduce_scatter_base(self, output, input, opts=None):
         opts = opts or dist.ReduceScatterOptions()
-        return _Work([self._reduce_scatter_one(output, input, opts)], [output])
+        return self._work([self._reduce_scatter_one(output, input, opts)], [output])
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         opts = opts or dist.ReduceScatterOptions()
-        return _Work([self._reduce_scatter_one(o, i, opts) for o, i in zip(outputs, inputs)],
-                     list(outputs))
+        return self._work([self._reduce_scatter_one(o, i, opts)
+                           for o, i in zip(outputs, inputs)], list(outputs))
 
     def gather(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.GatherOptions()
         root, tensor = opts.rootRank, input_tensors[0]
-        src = self._view(tensor, writable=False)
+        label = _label(f"gather to rank {root}", tensor)
         if self.comm.rank != root:
-            return _Work([self._handle(self.comm.Igather(src.buf, None, root=root), [src])], [])
+            transfer = self._submit(label, [(tensor, True, False)],
+                                    lambda src: self.comm.Igather(src.buf, None, root=root))
+            return self._work([transfer], [])
         gathered = tensor.new_empty((self.comm.size,) + tuple(tensor.shape))
-        dst = self._view(gathered)
-        handle = self._handle(self.comm.Igather(src.buf, dst.buf, root=root), [src, dst],
-                              lambda: _unstack(gathered, output_tensors[0]))
-        return _Work([handle], list(output_tensors[0]))
+        transfer = self._submit(label, [(tensor, True, False), (gathered, False, True)],
+                                lambda src, dst: self.comm.Igather(src.buf, dst.buf, root=root))
+        transfer.then(lambda: _unstack(gathered, output_tensors[0]))
+        return self._work([transfer], list(output_tensors[0]))
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.ScatterOptions()
         root, output = opts.rootRank, output_tensors[0]
-        dst = self._view(output)
+        label = _label(f"scatter from rank {root}", output)
         if self.comm.rank != root:
-            return _Work([self._handle(self.comm.Iscatter(None, dst.buf, root=root), [dst])],
-                         [output])
-        src = self._view(torch.stack(list(input_tensors[0])), writable=False)
-        handle = self._handle(self.comm.Iscatter(src.buf, dst.buf, root=root), [src, dst])
-        return _Work([handle], [output])
+            transfer = self._submit(label, [(output, False, True)],
+                                    lambda dst: self.comm.Iscatter(None, dst.buf, root=root))
+            return self._work([transfer], [output])
+        stacked = torch.stack(list(input_tensors[0]))
+        transfer = self._submit(label, [(stacked, True, False), (output, False, True)],
+                                lambda src, dst: self.comm.Iscatter(src.buf, dst.buf, root=root))
+        return self._work([transfer], [output])
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        src, dst = self._view(input, writable=False), self._view(output)
         if not output_split_sizes and not input_split_sizes:
-            request = self.comm.Ialltoall(src.buf, dst.buf)
+            def issue(src, dst):
+                return self.comm.Ialltoall(src.buf, dst.buf)
         else:
             send = _counts(input, input_split_sizes, self.comm.size)
             recv = _counts(output, output_split_sizes, self.comm.size)
-            request = self.comm.Ialltoallv([src.buf, send], [dst.buf, recv])
-        return _Work([self._handle(request, [src, dst])], [output])
+
+            def issue(src, dst):
+                return self.comm.Ialltoallv([src.buf, send], [dst.buf, recv])
+        transfer = self._submit(_label("all_to_all", input),
+                                [(input, True, False), (output, False, True)], issue)
+        return self._work([transfer], [output])
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         sizes = [t.numel() for t in input_tensors]
         flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
         flat_out = flat_in.new_empty(sum(t.numel() for t in output_tensors))
-        src, dst = self._view(flat_in, writable=False), self._view(flat_out)
         recv_sizes = [t.numel() for t in output_tensors]
-        request = self.comm.Ialltoallv([src.buf, (sizes, _displs(sizes))],
-                                       [dst.buf, (recv_sizes, _displs(recv_sizes))])
-        handle = self._handle(request, [src, dst], lambda: _unflatten(flat_out, output_tensors))
-        return _Work([handle], list(output_tensors))
+
+        def issue(src, dst):
+            return self.comm.Ialltoallv([src.buf, (sizes, _displs(sizes))],
+                                        [dst.buf, (recv_sizes, _displs(recv_sizes))])
+        transfer = self._submit(_label("all_to_all", flat_in),
+                                [(flat_in, True, False), (flat_out, False, True)], issue)
+        transfer.then(lambda: _unflatten(flat_out, output_tensors))
+        return self._work([transfer], list(output_tensors))
 
     def barrier(self, opts=None):
-        return _Work([Handle([self.comm.Ibarrier()])], [])
+        return self._work([self._submit("barrier", [], lambda: self.comm.Ibarrier())], [])
 
     def send(self, tensors, dstRank, tag):
-        views = [self._view(t, writable=False) for t in tensors]
-        return _Work([self._handle(self.comm.Isend(v.buf, dest=dstRank, tag=tag), [v])
-                      for v in views], list(tensors))
+        transfers = [self._submit(_label(f"send to rank {dstRank}", t), [(t, True, False)],
+                                  lambda b: self.comm.Isend(b.buf, dest=dstRank, tag=tag))
+                     for t in tensors]
+        return self._work(transfers, list(tensors))
 
     def recv(self, tensors, srcRank, tag):
-        views = [self._view(t) for t in tensors]
-        return _Work([self._handle(self.comm.Irecv(v.buf, source=srcRank, tag=tag), [v])
-                      for v in views], list(tensors))
+        transfers = [self._submit(_label(f"receive from rank {srcRank}", t),
+                                  [(t, False, True)],
+                                  lambda b: self.comm.Irecv(b.buf, source=srcRank, tag=tag))
+                     for t in tensors]
+        return self._work(transfers, list(tensors))
 
     def recv_anysource(self, tensors, tag):
-        view = self._view(tensors[0])
-        request = self.comm.Irecv(view.buf, source=MPI.ANY_SOURCE, tag=tag)
-        handle = Handle([request], keep=[view.buf], on_complete=view.finish, statuses=True)
-        return _RecvWork([handle], list(tensors))
+        status = MPI.Status()
+
+        def issue(b):
+            return _StatusRequest(self.comm.Irecv(b.buf, source=MPI.ANY_SOURCE, tag=tag), status)
+        transfer = self._submit(_label("receive from any rank", tensors[0]),
+                                [(tensors[0], False, True)], issue)
+        transfer.then(lambda: setattr(transfer, "result", status.Get_source()))
+        return self._work([transfer], list(tensors), _RecvWork)
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
         return self.allgather(output_lists, input_tensors, opts)
@@ -293,6 +378,24 @@ class MPIProcessGroup(dist.ProcessGroup):
     reduce_scatter_single = _reduce_scatter_base
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
     all_to_all_single = alltoall_base
+
+
+def _label(what, tensor, comm=None):
+    where = f" on {comm.Get_name()}" if comm is not None else ""
+    return f"{what} of {tensor.numel()} {str(tensor.dtype).replace('torch.', '')}{where}"
+
+
+class _StatusRequest:
+    """A request whose ``Test``/``Wait`` fill in a status (the sender of a receive)."""
+
+    def __init__(self, request, status):
+        self._request, self._status = request, status
+
+    def Test(self):  # noqa: N802 - mpi4py's names
+        return self._request.Test(self._status)
+
+    def Wait(self):  # noqa: N802
+        return self._request.Wait(self._status)
 
 
 def _unstack(stacked, outputs):
@@ -334,21 +437,21 @@ def comm_of(group):
     return backend.comm
 
 
-def _create(options, _pg_options):
-    from hpcddp.world import _world_for_backend
-    world = _world_for_backend()
-    ranks = list(options.global_ranks_in_group or [])
-    if not ranks or ranks == list(range(world.size)):
-        comm = world.comm.Dup()
-    else:
-        comm = world.comm.Create_group(world.comm.group.Incl(ranks))
-    comm.Set_name(f"hpcddp.torch.{options.group_id}")
-    return MPIProcessGroup(comm, world.cuda_aware)
+def register_backend(world_provider: Callable[[], object]) -> None:
+    """Make ``"hpcddp"`` a torch.distributed backend whose groups come from the world
+    that ``world_provider()`` returns (``hpcddp.runtime`` passes its own)."""
+    def create(options, _pg_options):
+        world = world_provider()
+        ranks = list(options.global_ranks_in_group or [])
+        if not ranks or ranks == list(range(world.size)):
+            comm = world.comm.Dup()
+        else:
+            comm = world.comm.Create_group(world.comm.group.Incl(ranks))
+        comm.Set_name(f"hpcddp.torch.{options.group_id}")
+        return MPIProcessGroup(comm, world.cuda_aware, owns_comm=True)
 
-
-def _register():
     if not hasattr(dist.Backend, BACKEND.upper()):
-        dist.Backend.register_backend(BACKEND, _create, extended_api=True,
+        dist.Backend.register_backend(BACKEND, create, extended_api=True,
                                       devices=["cpu", "cuda"])
 
 
@@ -358,7 +461,6 @@ def init_default_group(world) -> bool:
     Returns:
         True if hpcddp initialized it, False if the user already had one.
     """
-    _register()
     if dist.is_initialized():
         return False
     # A process-local store: ranks find each other through MPI, not through the store.

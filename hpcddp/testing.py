@@ -9,8 +9,6 @@ Use it as ``mpiexec -n 2 python -m pytest -p hpcddp.testing tests/mpi``. It:
   in the test's next collective. The failing rank prints its report, then aborts.
 """
 
-import sys
-
 import pytest
 
 __all__ = []
@@ -40,12 +38,10 @@ def pytest_report_header(config):
 
 
 def _abort(what, text):
-    world = _state["world"]
-    sys.stdout.flush()
-    sys.stderr.write(f"\nhpcddp.testing: rank {world.rank} of {world.size}: {what} FAILED; "
-                     f"aborting all ranks so none waits forever\n{text}\n")
-    sys.stderr.flush()
-    world.comm.Abort(1)
+    from hpcddp.comm.abort import abort_job
+
+    abort_job(_state["world"].comm, f"{what} FAILED; aborting all ranks so none waits forever",
+              detail=text + "\n")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,7 +1,7 @@
-"""``hpcddp.init()``: where MPI meets torch.
+"""``World``: where MPI meets torch.
 
-Binds each rank to its device and thread count, detects CUDA-awareness, installs the
-abort-on-error hook, and gives torch.distributed an MPI-backed default group.
+Binds each rank to its device and thread count and decides CUDA-awareness. ``World``
+owns the library's private communicators; ``hpcddp.runtime`` owns the ``World``.
 """
 
 import importlib.util
@@ -14,13 +14,14 @@ from typing import Optional, Sequence
 import torch
 from mpi4py import MPI
 
-from hpcddp.comm import clone_comm, detect_cuda_aware, install_abort_hook, node_layout
-from hpcddp.comm.abort import uninstall_abort_hook
+from hpcddp.comm.agree import decide_on_root
+from hpcddp.comm.cuda_aware import detect_cuda_aware
+from hpcddp.comm.lifetime import Closable, free_comm
+from hpcddp.comm.threads import thread_level_name
+from hpcddp.comm.topology import clone_comm, node_layout
 from hpcddp.env import check_not_singleton, detect_launcher, get_setting
 
-__all__ = ["World", "init", "get_world", "shutdown", "device_index", "device_self_test"]
-
-_WORLD: Optional["World"] = None
+__all__ = ["World", "device_index", "device_self_test"]
 
 
 def _cpus_for_rank(local_comm) -> int:
@@ -80,7 +81,7 @@ def _bind_device(local_comm) -> torch.device:
     return torch.device("cuda", index)
 
 
-class World:
+class World(Closable):
     """This rank's place in the job.
 
     Attributes:
@@ -94,7 +95,12 @@ class World:
         is_main: true on rank 0, the rank that prints and writes.
         launcher: the launcher that started this process, as text.
         num_threads: torch's intra-op thread count on this rank.
+        thread_level: MPI's thread level ("multiple", ...).
+
+    ``close()`` frees the communicators (``hpcddp.shutdown()`` does it).
     """
+
+    _what = "hpcddp World"
 
     def __init__(self, comm=None):
         parent = MPI.COMM_WORLD if comm is None else comm
@@ -112,19 +118,20 @@ class World:
         self.device = _bind_device(self.local_comm)
         self.num_threads = get_setting("NUM_THREADS") or _cpus_for_rank(self.local_comm)
         torch.set_num_threads(self.num_threads)
+        self.thread_level = thread_level_name()
         override = get_setting("CUDA_AWARE")
         aware = detect_cuda_aware(self.comm, override)
         self.cuda_aware, self.cuda_aware_reason = aware.aware, aware.reason
         if aware.aware and override is None and torch.cuda.is_available():
             self._confirm_cuda_aware()
+        self._opened()
 
     def _confirm_cuda_aware(self) -> None:
         """Run the device-buffer self-test once (rank 0) and fall back to staging if it fails.
 
         .. warning:: Collective.
         """
-        result = device_self_test() if self.rank == 0 else None
-        result = self.comm.bcast(result, root=0)
+        result = decide_on_root(self.comm, device_self_test)
         if result.passed:
             self.cuda_aware_reason += f"; {result.reason}"
             return
@@ -144,83 +151,14 @@ class World:
         """
         self.comm.Barrier()
 
-    def free(self) -> None:
-        """Release the communicators."""
+    def _release(self) -> None:
         for comm in (self.local_comm, self.comm):
-            if comm != MPI.COMM_NULL:
-                comm.Free()
+            free_comm(comm)
+
+    free = Closable.close
 
     def __repr__(self):
         return (f"World(rank={self.rank}, size={self.size}, local_rank={self.local_rank}, "
                 f"local_size={self.local_size}, node_rank={self.node_rank}, "
                 f"num_nodes={self.num_nodes}, device={self.device}, "
                 f"cuda_aware={self.cuda_aware})")
-
-
-def init(comm=None, *, torch_group: Optional[bool] = None) -> World:
-    """Join the job: bind devices and threads and set up torch.distributed on MPI.
-
-    Idempotent: later calls return the same ``World``.
-
-    Args:
-        comm: an mpi4py communicator to train on; COMM_WORLD by default. hpcddp works
-            on a private duplicate of it.
-        torch_group: initialize torch.distributed's default group on MPI (unless one is
-            already initialized). Defaults to ``HPCDDP_TORCH_GROUP`` (on).
-
-    Returns:
-        The ``World`` of this rank.
-
-    Raises:
-        SingletonLaunchError: the launcher started several processes but MPI sees one.
-        RuntimeError: called again with a different communicator.
-
-    Example::
-
-        world = hpcddp.init()
-        model = hpcddp.DistributedDataParallel(model.to(world.device))
-
-    .. warning:: Collective: every rank of ``comm`` must call it.
-    """
-    global _WORLD
-    if _WORLD is not None:
-        if comm is not None and comm != _WORLD.parent:
-            raise RuntimeError(
-                "hpcddp.init() was already called with another communicator; call "
-                "hpcddp.shutdown() first to switch communicators")
-        return _WORLD
-    world = World(comm)
-    _WORLD = world
-    if get_setting("TORCH_GROUP") if torch_group is None else torch_group:
-        from hpcddp.process_group import init_default_group
-        init_default_group(world)
-    # After torch's group: torch wraps sys.excepthook at init_process_group and buffers
-    # what the hook it wraps prints, which an abort inside it would lose.
-    if get_setting("ABORT_ON_ERROR"):
-        install_abort_hook(world.comm)
-    return world
-
-
-def get_world() -> World:
-    """Return the ``World`` of ``hpcddp.init()``, initializing on first use."""
-    return _WORLD if _WORLD is not None else init()
-
-
-def shutdown() -> None:
-    """Undo ``init()``: destroy hpcddp's torch.distributed group and free communicators.
-
-    .. warning:: Collective.
-    """
-    global _WORLD
-    if _WORLD is None:
-        return
-    from hpcddp.process_group import destroy_default_group
-    destroy_default_group()
-    uninstall_abort_hook()
-    _WORLD.free()
-    _WORLD = None
-
-
-def _world_for_backend() -> World:
-    """The World for the torch backend, which must not initialize torch's group again."""
-    return _WORLD if _WORLD is not None else init(torch_group=False)

@@ -3,7 +3,6 @@
 import io
 import mmap
 import os
-import time
 import warnings
 from typing import Any, NamedTuple, Optional
 
@@ -13,8 +12,10 @@ from mpi4py import MPI
 from torch import nn
 
 from hpcddp.checkpoint import store
-from hpcddp.ddp import DistributedDataParallel
 from hpcddp.checkpoint.rng import capture_rng, reseed_rng, restore_rng
+from hpcddp.comm.agree import share_outcome
+from hpcddp.ddp import DistributedDataParallel
+from hpcddp.runtime import get_world
 
 __all__ = ["Resumed", "load", "load_model_state", "save"]
 
@@ -29,10 +30,7 @@ class Resumed(NamedTuple):
 
 
 def _comm(comm):
-    if comm is not None:
-        return comm
-    from hpcddp.world import get_world
-    return get_world().comm
+    return comm if comm is not None else get_world().comm
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -41,23 +39,15 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
-def _reducer(model):
-    return model.reducer if isinstance(model, DistributedDataParallel) else None
+def _bucketed(model):
+    """The hpcddp DDP wrapper whose bucket order a checkpoint keeps, or None."""
+    return model if isinstance(model, DistributedDataParallel) else None
 
 
 def _agree(comm, outcome):
-    """Rank 0's outcome (a value or an exception) on every rank; raise it everywhere.
-
-    The other ranks wait with short sleeps instead of MPI's busy polling, leaving their
-    cores to rank 0, which is writing or reading (and hashing) for everyone.
-    """
-    arrived = comm.Ibarrier()
-    while not arrived.Test():
-        time.sleep(0.0005)
-    value = comm.bcast(outcome, root=0)
-    if isinstance(value, BaseException):
-        raise value
-    return value
+    """Rank 0's outcome on every rank, raised everywhere if an error; the other ranks
+    sleep meanwhile, leaving their cores to rank 0, which writes or reads for all."""
+    return share_outcome(comm, outcome, root=0, patient=True)
 
 
 def save(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=None,
@@ -100,7 +90,7 @@ def save(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "scaler": scaler.state_dict() if scaler is not None else None,
             "loader": loader.state_dict() if loader is not None else None,
-            "bucket_order": _reducer(model).bucket_order() if _reducer(model) else None,
+            "bucket_order": _bucketed(model).bucket_order() if _bucketed(model) else None,
             "rng": rngs, "extra": extra,
         }
         store.remove_stale_temporaries(directory)
@@ -257,9 +247,8 @@ def load(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
         if obj is not None and state.get(key) is not None:
             obj.load_state_dict(state[key])
     order = state.get("bucket_order")
-    reducer = _reducer(model)
-    if order is not None and reducer and sorted(order) == list(range(len(reducer.params))):
-        reducer.rebuild(order)
+    if order is not None and _bucketed(model):
+        _bucketed(model).rebuild_buckets(order)
     if state["world_size"] == comm.size:
         restore_rng(state["rng"][comm.rank])
     else:

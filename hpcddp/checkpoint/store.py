@@ -17,6 +17,7 @@ from typing import Iterator, List
 import torch
 
 from hpcddp.checkpoint.files import HashingWriter, publish_dir, replace_file
+from hpcddp.version import __version__
 
 __all__ = ["FORMAT", "Opened", "candidates", "open_candidates", "remove_old",
            "write_checkpoint"]
@@ -32,8 +33,6 @@ def checkpoint_name(step: int) -> str:
 
 def write_checkpoint(root, step: int, state: dict, world_size: int) -> str:
     """Publish ``state`` as the checkpoint of ``step`` under ``root``; return its path."""
-    import hpcddp
-
     os.makedirs(root, exist_ok=True)
     final = os.path.join(root, checkpoint_name(step))
     if os.path.exists(final):
@@ -50,7 +49,7 @@ def write_checkpoint(root, step: int, state: dict, world_size: int) -> str:
                 raise writer.error from None
             raise
         manifest = {"format": FORMAT, "step": step, "world_size": world_size,
-                    "hpcddp": hpcddp.__version__, "torch": str(torch.__version__),
+                    "hpcddp": __version__, "torch": str(torch.__version__),
                     "files": {STATE: {"size": writer.size,
                                       "sha256": writer.hexdigest()}}}
         with open(os.path.join(tmp, MANIFEST), "w") as f:

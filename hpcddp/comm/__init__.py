@@ -1,21 +1,33 @@
 """The MPI layer: the world communicator, node layout, CUDA-awareness and non-blocking
-collectives on buffers. Nothing here imports torch; it works on NumPy arrays, CuPy
+operations on buffers. Nothing here imports torch; it works on NumPy arrays, CuPy
 arrays, or anything else mpi4py accepts as a buffer (buffer protocol, DLPack,
 ``__cuda_array_interface__``).
+
+Importing this package starts nothing: ``mpi4py.MPI`` (and with it ``MPI_Init``) is
+imported when one of the names below is first used.
 """
 
-from hpcddp.comm.abort import install_abort_hook
-from hpcddp.comm.collectives import Handle, wait_all
-from hpcddp.comm.cuda_aware import CudaAwareness, detect_cuda_aware
-from hpcddp.comm.topology import NodeLayout, clone_comm, node_layout
+import importlib
 
-__all__ = [
-    "CudaAwareness",
-    "Handle",
-    "NodeLayout",
-    "clone_comm",
-    "detect_cuda_aware",
-    "install_abort_hook",
-    "node_layout",
-    "wait_all",
-]
+_PUBLIC = {
+    "CudaAwareness": "cuda_aware", "detect_cuda_aware": "cuda_aware",
+    "Handle": "handle", "HandleTimeout": "handle", "wait_all": "handle",
+    "NodeLayout": "topology", "clone_comm": "topology", "node_layout": "topology",
+    "install_abort_hook": "abort", "abort_job": "abort",
+    "decide_on_root": "agree", "share_outcome": "agree",
+    "Closable": "lifetime", "close_all": "lifetime", "free_comm": "lifetime",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'hpcddp.comm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"hpcddp.comm.{_PUBLIC[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PUBLIC))

@@ -14,14 +14,15 @@ __all__ = ["abort_job", "install_abort_hook", "uninstall_abort_hook"]
 _installed = {}
 
 
-def abort_job(comm, message: str, exc_info=None, code: int = 1) -> None:
-    """Print ``message`` (and a traceback) prefixed with the rank, then abort ``comm``."""
+def abort_job(comm, message: str, exc_info=None, code: int = 1, detail: str = "") -> None:
+    """Print ``message`` prefixed with the rank, then a traceback or ``detail`` with each
+    line marked by the rank, then abort ``comm``: the launcher ends every rank."""
     head = f"hpcddp: rank {comm.rank} of {comm.size} on {socket.gethostname()}: {message}"
     try:
         sys.stdout.flush()
-        lines = traceback.format_exception(*exc_info) if exc_info else []
+        text = "".join(traceback.format_exception(*exc_info)) if exc_info else detail
         sys.stderr.write(head + "\n" + "".join(f"[rank {comm.rank}] {ln}"
-                                               for ln in "".join(lines).splitlines(True)))
+                                               for ln in text.splitlines(True)))
         sys.stderr.flush()
     finally:
         comm.Abort(code)

@@ -8,14 +8,17 @@ torch's ``(a.float() + b.float()).bfloat16()``.
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["BFLOAT16", "mpi_op", "bf16_to_f32", "f32_to_bf16"]
+__all__ = ["BFLOAT16", "BOOL", "mpi_op", "bf16_to_f32", "f32_to_bf16"]
 
-BFLOAT16 = "bfloat16"
+BFLOAT16 = "bfloat16"  # raw bfloat16 words (uint16)
+BOOL = "bool"          # booleans as bytes (uint8)
 
 _NATIVE = {
     "sum": MPI.SUM, "product": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
     "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR,
 }
+# On 0/1 bytes, sum and product of bools are "any" and "all".
+_BOOL = {"sum": "bor", "product": "band"}
 _NUMPY = {"sum": np.add, "product": np.multiply, "min": np.minimum, "max": np.maximum}
 _user_ops = {}
 
@@ -48,10 +51,13 @@ def mpi_op(name: str, kind=None) -> "MPI.Op":
 
     Args:
         name: the reduction.
-        kind: ``BFLOAT16`` when the buffer holds raw bfloat16 words; otherwise ignored.
+        kind: ``BFLOAT16`` when the buffer holds raw bfloat16 words, ``BOOL`` for
+            booleans as bytes; otherwise ignored.
     """
     if name not in _NATIVE:
         raise ValueError(f"reduction {name!r} is not supported; use one of {sorted(_NATIVE)}")
+    if kind == BOOL:
+        return _NATIVE[_BOOL.get(name, name)]
     if kind != BFLOAT16:
         return _NATIVE[name]
     if name not in _NUMPY:

@@ -12,7 +12,9 @@ import subprocess
 import sys
 from typing import NamedTuple, Optional, Sequence
 
-__all__ = ["SelfTest", "run_self_test", "clean_environment", "self_test_code", "CUPY_SETUP"]
+from hpcddp.env.jobvars import clean_environment
+
+__all__ = ["SelfTest", "run_self_test", "self_test_code", "CUPY_SETUP"]
 
 # Runs in the subprocess after ``setup`` has made ``send``, ``recv`` (one float32 each, on
 # the GPU) and ``get``, which reads a value back to the host. Any array type MPI can take
@@ -37,31 +39,6 @@ get = lambda a: float(a.get()[0])
 def self_test_code(setup: str = CUPY_SETUP) -> str:
     """The self-test program, with ``setup`` allocating its device buffers."""
     return _TEMPLATE.format(setup=setup.strip())
-
-
-# Variables that place a process in the launcher's job. The rest stay, the user's and
-# the site's MPI settings above all (OMPI_MCA_plm=isolated, MV2_USE_CUDA=1,
-# MPICH_GPU_SUPPORT_ENABLED=1): without them the test would judge another MPI setup.
-_JOB_PREFIXES = ("PMI_", "PMI2_", "PMIX_", "OMPI_COMM_WORLD_", "OMPI_UNIVERSE_", "OMPI_FIRST_",
-                 "OMPI_APP_", "OMPI_NUM_", "OMPI_FILE_", "OMPI_ARGV", "OMPI_COMMAND",
-                 "SLURM_STEP", "SLURM_PROCID", "SLURM_LOCALID", "MPI_LOCAL", "HYDRA_",
-                 "I_MPI_HYDRA", "PALS_", "PRTE_")
-# Open MPI's launcher also passes the job to its ranks as MCA parameters.
-_JOB_MCA = ("orte_", "ess", "pmix", "prte", "initial_wdir", "shmem_RUNTIME", "rmaps_",
-            "ras_", "routed", "rml", "oob", "grpcomm", "odls", "state_", "errmgr", "iof")
-
-
-def _in_job(name: str) -> bool:
-    if name.startswith("PMIX_MCA_"):
-        return False
-    if name.startswith("OMPI_MCA_"):
-        return name[len("OMPI_MCA_"):].startswith(_JOB_MCA)
-    return name.startswith(_JOB_PREFIXES)
-
-
-def clean_environment(environ) -> dict:
-    """``environ`` without the variables that would make a new MPI process join the job."""
-    return {k: v for k, v in environ.items() if not _in_job(k)}
 
 
 class SelfTest(NamedTuple):

@@ -6,12 +6,12 @@ raise the same error on every rank.
 """
 
 import os
+import sys
 from typing import Dict, List, NamedTuple, Optional, Sequence
 
-import h5py
 import numpy as np
 
-__all__ = ["DatasetInfo", "inspect_file", "open_h5", "DataFileError"]
+__all__ = ["DatasetInfo", "inspect_file", "open_h5", "DataFileError", "h5py_module"]
 
 # Kinds torch can hold: bool, signed and unsigned integers, floats, complex.
 _SUPPORTED_KINDS = "biufc"
@@ -39,12 +39,33 @@ class DatasetInfo(NamedTuple):
         return self.offset is not None and np.dtype(self.dtype).isnative
 
 
-def open_h5(path, locking: bool = False, **kwargs) -> h5py.File:
-    """Open ``path`` read-only, with HDF5 file locking off unless asked for.
+def _in_dataloader_worker() -> bool:
+    utils = sys.modules.get("torch.utils.data")
+    return utils is not None and utils.get_worker_info() is not None
+
+
+def h5py_module():
+    """Import h5py; in a DataLoader worker, without letting it initialize MPI.
+
+    h5py built against parallel HDF5 imports ``mpi4py.MPI``, whose import calls
+    ``MPI_Init``. A worker process inherits the launcher's variables, so it would try to
+    join the job as a rank and die. A worker never needs MPI: there ``mpi4py`` is told
+    not to initialize (or finalize) it before h5py is imported.
+    """
+    if "h5py" not in sys.modules and "mpi4py.MPI" not in sys.modules \
+            and _in_dataloader_worker():
+        import mpi4py
+        mpi4py.rc.initialize = mpi4py.rc.finalize = False
+    import h5py
+    return h5py
+
+
+def open_h5(path, locking: bool = False, **kwargs):
+    """Open ``path`` read-only (an ``h5py.File``), with HDF5 file locking off unless asked.
 
     Parallel file systems fail or hang on HDF5's locks, and a read-only reader needs none.
     """
-    return h5py.File(path, "r", locking=locking, **kwargs)
+    return h5py_module().File(path, "r", locking=locking, **kwargs)
 
 
 def _filters(dset) -> int:
@@ -56,7 +77,7 @@ def _describe(path, f, key) -> DatasetInfo:
         available = ", ".join(sorted(k for k in f.keys())) or "none"
         raise DataFileError(f"{path}: no dataset {key!r}; the file has: {available}")
     dset = f[key]
-    if not isinstance(dset, h5py.Dataset):
+    if not isinstance(dset, h5py_module().Dataset):
         raise DataFileError(f"{path}: {key!r} is a group, not a dataset")
     dtype = dset.dtype
     if dtype.kind not in _SUPPORTED_KINDS or dtype.fields is not None or dtype.subdtype:
@@ -99,7 +120,7 @@ def inspect_file(path, keys: Optional[Sequence[str]] = None,
                             f"truncated or corrupted") from None
     with f:
         if keys is None:
-            keys = sorted(k for k, v in f.items() if isinstance(v, h5py.Dataset))
+            keys = sorted(k for k, v in f.items() if isinstance(v, h5py_module().Dataset))
         if isinstance(keys, str):
             keys = [keys]
         if not keys:

@@ -17,6 +17,9 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from hpcddp.comm.agree import decide_on_root
+from hpcddp.comm.lifetime import Closable
+from hpcddp.comm.threads import helper_threads_allowed
 from hpcddp.data.dataset import H5Dataset, as_tensor
 from hpcddp.data.h5file import inspect_file
 from hpcddp.data.pool import BufferPool
@@ -30,21 +33,7 @@ log = logging.getLogger("hpcddp.data")
 _STATE_VERSION = 1
 
 
-def _inspect_on_root(comm, path, keys, locking):
-    """Rank 0 inspects the file; every rank gets the result or raises the same error."""
-    result = None
-    if comm.rank == 0:
-        try:
-            result = inspect_file(path, keys, locking)
-        except Exception as error:  # noqa: BLE001 - every rank must raise it, not just 0
-            result = error
-    result = comm.bcast(result, root=0)
-    if isinstance(result, BaseException):
-        raise result
-    return result
-
-
-class ShardedLoader:
+class ShardedLoader(Closable):
     """Iterate this rank's batches of an HDF5 file: a global shuffle, read in parallel.
 
     Args:
@@ -62,6 +51,9 @@ class ShardedLoader:
         chunk_window: chunks mixed together by ``chunk_shuffle``.
         locking: keep HDF5 file locking on.
         comm: an mpi4py communicator; the hpcddp world's by default.
+
+    ``close()`` (or ``with ShardedLoader(...) as loader``) closes the file and frees the
+    communicator the ``mpio`` backend duplicates; collective then.
 
     Example::
 
@@ -81,7 +73,7 @@ class ShardedLoader:
                  backend: str = "auto", chunk_shuffle: bool = False, chunk_window: int = 8,
                  locking: bool = False, comm=None):
         if comm is None:
-            from hpcddp.world import get_world
+            from hpcddp.runtime import get_world
             comm = get_world().comm
         if isinstance(path_or_dataset, H5Dataset):
             keys = path_or_dataset.keys if keys is None else keys
@@ -95,7 +87,8 @@ class ShardedLoader:
         self.shuffle, self.seed, self.drop_last, self.exact = shuffle, seed, drop_last, exact
         self.chunk_shuffle, self.chunk_window = chunk_shuffle, chunk_window
         self.device = None if device is None else torch.device(device)
-        self.infos = _inspect_on_root(comm, self.path, keys, locking)
+        # Rank 0 inspects the file; every rank gets the result or raises the same error.
+        self.infos = decide_on_root(comm, inspect_file, self.path, keys, locking)
         self.keys = [info.key for info in self.infos]
         self.length = self.infos[0].shape[0]
         self.backend = choose_backend(self.infos, backend)
@@ -107,6 +100,10 @@ class ShardedLoader:
         if comm.rank == 0:
             log.info("ShardedLoader: %s keys=%s samples=%d backend=%s", self.path, self.keys,
                      self.length, self.backend)
+        if self.backend == "mpio" and self.prefetch and not helper_threads_allowed(
+                "the loader's prefetch thread (it reads through MPI-IO)",
+                "batches are read in the calling thread (prefetch=0)"):
+            self.prefetch = 0
         self._to_gpu = self.device is not None and self.device.type == "cuda"
         self._pool = BufferPool(limit=self.prefetch + 4,
                                 allocate=pinned_array if self._to_gpu else np.empty)
@@ -115,6 +112,7 @@ class ShardedLoader:
         self._position = 0      # samples of this rank's sequence already handed out
         self._remap_from = None  # a global position saved under another world size
         self._finished = False   # the last iteration ran to the end of the epoch
+        self._opened()
 
     # -- order and position -----------------------------------------------------------
 
@@ -208,6 +206,7 @@ class ShardedLoader:
         return moved
 
     def __iter__(self):
+        self._check_open()
         batches = self._batches()
         if self.prefetch == 0:
             for batch in batches:
@@ -221,15 +220,10 @@ class ShardedLoader:
                 prefetcher.stop()
         self._finished = True
 
-    def close(self) -> None:
-        """Close the file. Collective with the ``mpio`` backend."""
+    _what = "ShardedLoader"
+
+    def _release(self) -> None:
         self._reader.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 class _Prefetcher:

@@ -11,13 +11,12 @@
   batches.
 """
 
-import atexit
 from typing import List, Optional, Sequence
 
-import h5py
 import numpy as np
 
-from hpcddp.data.h5file import DatasetInfo, open_h5
+from hpcddp.comm import lifetime
+from hpcddp.data.h5file import DatasetInfo, h5py_module, open_h5
 
 __all__ = ["BACKENDS", "H5pyReader", "MemmapReader", "MPIOReader", "choose_backend"]
 
@@ -99,24 +98,31 @@ class H5pyReader:
 
 
 class MPIOReader(H5pyReader):
-    """Rows through parallel HDF5 (``driver='mpio'``), collective when ranks agree."""
+    """Rows through parallel HDF5 (``driver='mpio'``), collective when ranks agree.
+
+    It owns ``comm`` (a duplicate made for it) and frees it on ``close()``. Closing an
+    mpio file is collective: left to the garbage collector, ranks would close at
+    different moments and hang, so the file stays open until ``close()``, or until
+    ``hpcddp.comm.lifetime`` closes it before MPI is finalized.
+    """
 
     name = "mpio"
 
     def __init__(self, path, infos, comm=None, collective=True, locking=False, **_):
         self.comm, self.collective = comm, collective
         super().__init__(path, infos, locking=locking)
-        # Closing an mpio file is collective. Left to the garbage collector, ranks would
-        # close at different moments and hang; it stays open until close() or exit.
-        _KEPT_OPEN[id(self)] = self
+        lifetime.register(self, keep_alive=True)
 
     def close(self):
-        """Close the file. Collective: every rank must call it."""
-        _KEPT_OPEN.pop(id(self), None)
-        super().close()
+        """Close the file and free the communicator. Collective: every rank must call it."""
+        lifetime.unregister(self)
+        if self.comm is not None:
+            super().close()
+            lifetime.free_comm(self.comm)
+            self.comm = None
 
     def _open(self, path, locking):
-        if not h5py.get_config().mpi:
+        if not h5py_module().get_config().mpi:
             raise RuntimeError("backend='mpio' needs h5py built with MPI (h5py.get_config().mpi "
                                "is False); see `make test-phdf5` in the README for a build")
         return open_h5(path, locking, driver="mpio", comm=self.comm)
@@ -126,18 +132,6 @@ class MPIOReader(H5pyReader):
             return super()._select(dset, unique)
         with dset.collective:
             return super()._select(dset, unique)
-
-
-# In opening order, which is the same on every rank: the closes at exit must match.
-_KEPT_OPEN = {}
-
-
-@atexit.register
-def _close_kept_open():
-    # Registered after mpi4py's finalizer (imported earlier), so it runs before MPI is
-    # finalized: every rank that exits normally takes part in these collective closes.
-    for reader in list(_KEPT_OPEN.values()):
-        reader.close()
 
 
 BACKENDS = {cls.name: cls for cls in (MemmapReader, H5pyReader, MPIOReader)}
@@ -158,4 +152,4 @@ def choose_backend(infos: Sequence[DatasetInfo], requested: str = "auto") -> str
         return requested
     if by_offset:
         return "memmap"
-    return "mpio" if h5py.get_config().mpi else "h5py"
+    return "mpio" if h5py_module().get_config().mpi else "h5py"

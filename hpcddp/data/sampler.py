@@ -86,7 +86,7 @@ class DistributedSampler(torch.utils.data.Sampler):
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False,
                  exact: bool = False):
         if num_replicas is None or rank is None:
-            from hpcddp.world import get_world
+            from hpcddp.runtime import get_world
             world = get_world()
             num_replicas = world.size if num_replicas is None else num_replicas
             rank = world.rank if rank is None else rank

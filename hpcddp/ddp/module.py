@@ -3,14 +3,20 @@
 import warnings
 from contextlib import contextmanager
 
+from typing import List, Sequence
+
 import torch
 from mpi4py import MPI
 from torch import nn
 
+from hpcddp.comm import lifetime
 from hpcddp.ddp.buckets import DEFAULT_CAP_MB
 from hpcddp.ddp.reducer import Reducer
 from hpcddp.ddp.sync import broadcast_tensors, verify_same_parameters
 from hpcddp.env import get_setting
+from hpcddp.process_group import comm_of
+from hpcddp.runtime import get_world
+from hpcddp.transport import Transport
 
 __all__ = ["DistributedDataParallel"]
 
@@ -23,7 +29,6 @@ def _resolve_comm(process_group, world):
         return world.comm
     if isinstance(process_group, MPI.Comm):
         return process_group
-    from hpcddp.process_group import comm_of
     return comm_of(process_group)
 
 
@@ -35,7 +40,7 @@ def _refuse(name, value, default):
             f"are refused rather than ignored)")
 
 
-class DistributedDataParallel(nn.Module):
+class DistributedDataParallel(nn.Module, lifetime.Closable):
     """Data-parallel training over MPI, a drop-in for ``torch.nn.parallel.DistributedDataParallel``.
 
     Gradients are averaged across ranks in buckets with non-blocking ``Iallreduce``,
@@ -67,10 +72,16 @@ class DistributedDataParallel(nn.Module):
         loss_fn(model(x), y).backward()   # .grad is the average over ranks
         optimizer.step()
 
-    .. warning:: Construction is collective. Every backward after a forward with
-       ``require_backward_grad_sync`` (the default, see ``no_sync()``) is a
+    The wrapper owns two duplicated communicators; ``close()`` (or ``with``) frees them,
+    and ``hpcddp.shutdown()`` closes wrappers still open. A job that builds many wrappers
+    closes each one: MPI has a few thousand communicators at most.
+
+    .. warning:: Construction and ``close()`` are collective. Every backward after a
+       forward with ``require_backward_grad_sync`` (the default, see ``no_sync()``) is a
        synchronization point: all ranks must run it.
     """
+
+    _what = "hpcddp.DistributedDataParallel"
 
     def __init__(self, module, device_ids=None, output_device=None, dim=0,
                  broadcast_buffers=None, init_sync=True, process_group=None,
@@ -80,8 +91,6 @@ class DistributedDataParallel(nn.Module):
                  mixed_precision=None, device_mesh=None, skip_all_reduce_unused_params=False,
                  bucket_cap_mb_list=None, batched_grad_copy=False, forward_sync_buffers=None):
         super().__init__()
-        from hpcddp.world import get_world
-
         for name, value, default in [
             ("delay_all_reduce_named_params", delay_all_reduce_named_params, None),
             ("param_to_hook_all_reduce", param_to_hook_all_reduce, None),
@@ -106,25 +115,31 @@ class DistributedDataParallel(nn.Module):
         self.process_group = process_group
         # Two private communicators: gradient data, and small control messages that
         # must never be matched against a pending bucket allreduce.
-        self._comm = parent.Dup()
-        self._control = parent.Dup()
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         if not named:
             raise RuntimeError("DistributedDataParallel got a module with no parameter that "
                                "requires a gradient; there is nothing to reduce")
         self._buffers_to_sync = [b for b in module.buffers()]
-        if init_sync:
-            verify_same_parameters(self._control, named)
-            broadcast_tensors(self._control, [p.detach() for _, p in named] +
-                              [b.detach() for b in self._buffers_to_sync],
-                              world.cuda_aware)
         cap = DEFAULT_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
         self.bucket_bytes_cap = int(cap * 1024 * 1024)
-        self.reducer = Reducer(named, self._comm, self._control, self.bucket_bytes_cap,
-                               find_unused_parameters, static_graph,
-                               gradient_as_bucket_view, world.cuda_aware,
-                               progress_thread=get_setting("PROGRESS_THREAD"),
-                               staging_chunk_bytes=get_setting("STAGING_CHUNK_KB") << 10)
+        self.reducer = None
+        self._comm = parent.Dup()
+        self._control = parent.Dup()
+        self._opened()
+        try:
+            self._control_transport = Transport(self._control, world.cuda_aware)
+            if init_sync:
+                verify_same_parameters(self._control, named)
+                broadcast_tensors(self._control_transport, [p.detach() for _, p in named] +
+                                  [b.detach() for b in self._buffers_to_sync])
+            self.reducer = Reducer(named, self._comm, self._control, self.bucket_bytes_cap,
+                                   find_unused_parameters, static_graph,
+                                   gradient_as_bucket_view, world.cuda_aware,
+                                   progress_thread=get_setting("PROGRESS_THREAD"),
+                                   staging_chunk_bytes=get_setting("STAGING_CHUNK_KB") << 10)
+        except BaseException:
+            self.close()  # the checks raise on every rank, so this is collective too
+            raise
 
     @staticmethod
     def _check_devices(device_ids, output_device):
@@ -158,12 +173,13 @@ class DistributedDataParallel(nn.Module):
         return move(inputs), move(kwargs)
 
     def forward(self, *inputs, **kwargs):
+        self._check_open()
         grad = torch.is_grad_enabled()
         if grad and self.require_backward_grad_sync:
             self.reducer.prepare_for_forward()
         if self.forward_sync_buffers and self._buffers_to_sync and self._comm.size > 1:
-            broadcast_tensors(self._control, [b.detach() for b in self._buffers_to_sync],
-                              self.reducer.cuda_aware)
+            broadcast_tensors(self._control_transport,
+                              [b.detach() for b in self._buffers_to_sync])
         if self.device_ids:
             inputs, kwargs = self._move_inputs(inputs, kwargs)
         output = self.module(*inputs, **kwargs)
@@ -189,6 +205,34 @@ class DistributedDataParallel(nn.Module):
             yield
         finally:
             self.require_backward_grad_sync = previous
+
+    def bucket_order(self) -> List[int]:
+        """Parameter indices (of ``module.parameters()`` that require grad) in bucket order.
+
+        Saved by ``hpcddp.checkpoint`` so a resumed run reduces in the same order as an
+        uninterrupted one.
+        """
+        return self.reducer.bucket_order()
+
+    def rebuild_buckets(self, order: Sequence[int]) -> bool:
+        """Lay the buckets out for ``order`` (from ``bucket_order()``); return False, and
+        change nothing, when ``order`` does not name each parameter exactly once."""
+        if sorted(order) != list(range(len(self.reducer.params))):
+            return False
+        self.reducer.rebuild(order)
+        return True
+
+    def _release(self) -> None:
+        if self.reducer is not None:
+            self.reducer.remove_hooks()
+        for comm in (self._comm, self._control):
+            lifetime.free_comm(comm)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def __getstate__(self):
         raise TypeError("hpcddp.DistributedDataParallel holds MPI communicators and cannot "

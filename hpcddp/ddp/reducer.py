@@ -1,20 +1,20 @@
-"""The reducer: wires autograd hooks to bucketed non-blocking MPI allreduces.
+"""The reducer: wires autograd hooks to buckets, and buckets to the bucket hook.
 
 Life of one synchronized backward:
 
-1. A parameter's post-accumulate-grad hook copies its gradient into its bucket (or,
-   with ``gradient_as_bucket_view``, makes ``.grad`` a view of the bucket).
-2. When a bucket's last gradient is in, it is divided by the world size and handed to
-   the ``Transport``, which issues its ``Iallreduce`` strictly in bucket order: MPI
+1. A parameter's post-accumulate-grad hook puts its gradient into its bucket
+   (``GradBucket.fill``, which divides by the hook's divisor), or, with
+   ``gradient_as_bucket_view``, makes ``.grad`` a view of the bucket.
+2. When a bucket's last gradient is in, it is handed to the bucket hook (``hooks.py``;
+   by default an allreduce through the ``Transport``), strictly in bucket order: MPI
    needs every rank to issue collectives on a communicator in the same order, and
    gradients become ready in different orders on different ranks (torch's reducer does
-   the same). A CUDA bucket is issued once an event recorded after its gradients has
-   completed, from device memory or through pinned host memory (``transport.py``).
-3. Every hook calls ``Test`` on the pending requests: MPI makes no progress while Python
+   the same).
+3. Every hook calls ``advance`` on the transport: MPI makes no progress while Python
    computes, and a pending 16 MB allreduce left alone cost its full time at ``Wait``.
 4. At the end of backward (an autograd engine callback) the ranks agree, on a separate
-   control communicator, whether any parameter got no gradient, then wait for every
-   bucket and leave the average in ``.grad``.
+   control communicator, whether any parameter got no gradient or got one twice, then
+   wait for every bucket and leave the result in ``.grad``.
 """
 
 import functools
@@ -25,8 +25,12 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from hpcddp.comm.ranks import ranks_text
+from hpcddp.comm.threads import helper_threads_allowed
+from hpcddp.ddp.bucket import GradBucket
 from hpcddp.ddp.buckets import FIRST_BUCKET_BYTES, ParamSpec, assign_buckets
-from hpcddp.ddp.transport import Transfer, Transport
+from hpcddp.ddp.hooks import AllreduceMean
+from hpcddp.transport import Transport
 
 __all__ = ["Reducer"]
 
@@ -54,25 +58,12 @@ class _ProgressPump:
         self._thread.join()
 
 
-class _Bucket:
-    __slots__ = ("layout", "buffer", "views", "pending", "handle")
-
-    def __init__(self, layout, params):
-        self.layout = layout
-        first = params[layout.params[0]]
-        self.buffer = torch.zeros(layout.numel, dtype=first.dtype, device=first.device)
-        self.views = [self.buffer[o:o + params[i].numel()].view_as(params[i])
-                      for i, o in zip(layout.params, layout.offsets)]
-        self.pending = set()
-        self.handle: Optional[Transfer] = None
-
-
 def _is_view_of(grad, view):
     return grad is not None and grad.data_ptr() == view.data_ptr() and grad.shape == view.shape
 
 
 class Reducer:
-    """Averages the gradients of ``params`` across the ranks of ``comm`` during backward.
+    """Reduces the gradients of ``params`` across the ranks of ``comm`` during backward.
 
     Args:
         named_params: ``(name, parameter)`` pairs, in registration order.
@@ -98,6 +89,7 @@ class Reducer:
         self.as_view = gradient_as_bucket_view
         self.cuda_aware = cuda_aware
         self.transport = Transport(comm, cuda_aware, chunk_bytes=staging_chunk_bytes)
+        self.hook = AllreduceMean(self.transport)
         self.progress_thread = progress_thread
         self._pump: Optional[_ProgressPump] = None
         self.specs = [ParamSpec(p.numel(), p.element_size(), str(p.dtype), str(p.device))
@@ -108,6 +100,7 @@ class Reducer:
         self._rebuild_order: Optional[List[int]] = None
         self._armed = self._sync = self._callback_queued = False
         self._used = np.zeros(len(self.params), dtype=np.uint8)
+        self._twice: List[int] = []
         self._build(list(reversed(range(len(self.params)))))
         self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, i))
                        for i, p in enumerate(self.params)]
@@ -117,9 +110,11 @@ class Reducer:
     def _build(self, order: Sequence[int]) -> None:
         layouts = assign_buckets(self.specs, order, self.cap_bytes,
                                  min(FIRST_BUCKET_BYTES, self.cap_bytes))
-        self.buckets = [_Bucket(layout, self.params) for layout in layouts]
+        self.buckets = [GradBucket(b, len(layouts), layout, self.params)
+                        for b, layout in enumerate(layouts)]
         self._where = {}
         for b, bucket in enumerate(self.buckets):
+            bucket.route = self.transport.route_for(bucket.storage)
             for k, index in enumerate(bucket.layout.params):
                 self._where[index] = (b, k)
                 param = self.params[index]
@@ -162,6 +157,7 @@ class Reducer:
         if not sync:
             return
         self._used[:] = 0
+        self._twice = []
         self._next = 0
         for bucket in self.buckets:
             bucket.pending = set(bucket.layout.params)
@@ -176,17 +172,18 @@ class Reducer:
             torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
             self._callback_queued = True
         if self._used[index]:
+            # Its bucket may be in flight already; the ranks learn of it together at the
+            # end of backward and raise there.
+            self._twice.append(index)
             return
         self._used[index] = 1
         if self._ready_order is not None:
             self._ready_order.append(index)
         b, k = self._where[index]
         bucket = self.buckets[b]
-        view = bucket.views[k]
-        if not _is_view_of(param.grad, view):
-            view.copy_(param.grad)
-            if self.as_view:
-                param.grad = view
+        bucket.fill(k, param.grad, self.hook.divisor)
+        if self.as_view and not _is_view_of(param.grad, bucket.views[k]):
+            param.grad = bucket.views[k]
         bucket.pending.discard(index)
         if self.trace is not None:
             self.trace.append(("hook", index))
@@ -195,28 +192,19 @@ class Reducer:
 
     def _launch_ready(self) -> None:
         while self._next < len(self.buckets) and not self.buckets[self._next].pending:
-            self._launch(self.buckets[self._next], self._next)
+            self.buckets[self._next].start(self.hook)
             if self.trace is not None:
                 self.trace.append(("launch", self._next))
             self._next += 1
-
-    def _divide_first(self, bucket: _Bucket) -> bool:
-        # 16-bit sums over many ranks overflow, so those divide before the sum (as torch
-        # always does). Wider types divide afterwards, fused into the copy back to .grad,
-        # which saves one pass over the gradients.
-        return self.as_view or bucket.buffer.element_size() < 4
+        if self.progress_thread and self._pump is None and self._next and helper_threads_allowed(
+                "the progress pump (HPCDDP_PROGRESS_THREAD=1)",
+                "MPI progresses only at gradient hooks"):
+            self._pump = _ProgressPump(self.comm)
 
     @property
     def collectives(self) -> int:
-        """``Iallreduce`` calls issued so far, for inspection."""
+        """MPI reductions issued so far, for inspection."""
         return self.transport.collectives
-
-    def _launch(self, bucket: _Bucket, slot: int) -> None:
-        if self._divide_first(bucket):
-            bucket.buffer.div_(self.comm.size)
-        bucket.handle = self.transport.start(bucket.buffer, slot)
-        if self.progress_thread and self._pump is None:
-            self._pump = _ProgressPump(self.comm)
 
     def progress(self) -> None:
         """Issue the buckets whose data is ready, and let MPI advance the pending ones
@@ -235,18 +223,27 @@ class Reducer:
                 self.buckets[b].views[k].zero_()
                 self.buckets[b].pending.discard(i)
             self._launch_ready()
-            used = np.empty_like(self._used)
-            self.control.Allreduce(self._used, used, op=MPI.MAX)
-            self._wait_and_copy(globally_used=used)
-            self._schedule_rebuild()
-            return
-        # Without find_unused_parameters, a rank that missed a gradient never launches
-        # that bucket; the others would wait on it forever. Agree first.
-        anyone_missing = self.control.allreduce(int(bool(missing)), op=MPI.MAX)
-        if anyone_missing:
+            flags = np.append(self._used, np.uint8(bool(self._twice)))
+        else:
+            # Without find_unused_parameters, a rank that missed a gradient never launches
+            # that bucket; the others would wait on it forever. Agree first.
+            flags = np.array([bool(missing), bool(self._twice)], dtype=np.uint8)
+        agreed = np.empty_like(flags)
+        self.control.Allreduce(flags, agreed, op=MPI.MAX)
+        anyone_missing = not self.find_unused and agreed[0]
+        if agreed[-1] or anyone_missing:
             self._drain(missing)
-            self._raise_unused(missing)
-        self._wait_and_copy(globally_used=None)
+            if agreed[-1]:
+                self._raise_about("got a gradient twice in one backward", self._twice,
+                                  "torch raises the same ('Expected to mark a variable ready "
+                                  "only once'). A parameter used inside and outside "
+                                  "torch.utils.checkpoint(use_reentrant=True) does this: use "
+                                  "use_reentrant=False")
+            self._raise_about("got no gradient in this backward", missing,
+                              "Pass find_unused_parameters=True if some parameters are not "
+                              "used in every iteration, or make sure every parameter takes "
+                              "part in the loss.")
+        self._wait_and_copy(globally_used=agreed[:-1] if self.find_unused else None)
         self._schedule_rebuild()
 
     def _schedule_rebuild(self) -> None:
@@ -254,22 +251,17 @@ class Reducer:
             self._rebuild_order, self._ready_order = self._ready_order, None
 
     def _wait_and_copy(self, globally_used) -> None:
-        size = self.comm.size
         self.transport.issue_all()
         for bucket in self.buckets:
-            bucket.handle.wait()
-            divided = self._divide_first(bucket)
+            bucket.finish()
             for index, view in zip(bucket.layout.params, bucket.views):
                 param = self.params[index]
                 if globally_used is not None and not globally_used[index]:
                     continue  # unused on every rank: .grad stays as it was (None)
                 if param.grad is None:
-                    param.grad = view if self.as_view else view / size
+                    param.grad = view if self.as_view else view.clone()
                 elif not _is_view_of(param.grad, view):
-                    if divided:
-                        param.grad.copy_(view)
-                    else:
-                        torch.div(view, size, out=param.grad)
+                    param.grad.copy_(view)
 
     def _drain(self, missing) -> None:
         """Launch and complete every bucket so no request is left unmatched."""
@@ -277,20 +269,22 @@ class Reducer:
             self.buckets[self._where[i][0]].pending.discard(i)
         self._launch_ready()
         for bucket in self.buckets:
-            bucket.handle.wait()
+            bucket.finish()
 
-    def _raise_unused(self, missing) -> None:
-        everyone = self.control.allgather(missing)
+    def _raise_about(self, what, mine, advice) -> None:
+        """Raise on every rank, naming each parameter in ``mine`` (this rank's) and the
+        ranks where it happened.
+
+        .. warning:: Collective.
+        """
+        everyone = self.control.allgather(sorted(set(mine)))
         names = {}
         for rank, indices in enumerate(everyone):
             for i in indices:
                 names.setdefault(self.names[i], []).append(rank)
-        listed = "; ".join(f"{name} (ranks {','.join(map(str, ranks))})"
-                           for name, ranks in names.items())
-        raise RuntimeError(
-            f"hpcddp.DistributedDataParallel: parameters got no gradient in this backward: "
-            f"{listed}. Pass find_unused_parameters=True if some parameters are not used in "
-            f"every iteration, or make sure every parameter takes part in the loss.")
+        listed = "; ".join(f"{name} (ranks {ranks_text(ranks)})" for name, ranks in names.items())
+        raise RuntimeError(f"hpcddp.DistributedDataParallel: parameters {what}: {listed}. "
+                           f"{advice}")
 
     def remove_hooks(self) -> None:
         for hook in self._hooks:

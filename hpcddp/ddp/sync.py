@@ -4,7 +4,7 @@ from collections import OrderedDict
 
 import torch
 
-from hpcddp.buffers import mpi_view
+from hpcddp.comm.ranks import by_value, ranks_text
 
 __all__ = ["broadcast_tensors", "verify_same_parameters"]
 
@@ -20,26 +20,25 @@ def verify_same_parameters(comm, named_params) -> None:
     everyone = comm.allgather(mine)
     reference = everyone[0]
     for position in range(max(len(ranks) for ranks in everyone)):
-        seen = OrderedDict()
-        for rank, params in enumerate(everyone):
-            entry = params[position] if position < len(params) else None
-            seen.setdefault(entry, []).append(rank)
+        seen = by_value(params[position] if position < len(params) else None
+                        for params in everyone)
         if len(seen) > 1:
             said = "; ".join(
-                f"ranks {','.join(map(str, ranks))}: " +
+                f"ranks {ranks_text(ranks)}: " +
                 ("no parameter" if entry is None else
                  f"{entry[0]} shape {list(entry[1])} {entry[2]}")
-                for entry, ranks in seen.items())
+                for entry, ranks in seen)
             raise RuntimeError(
                 f"DistributedDataParallel: ranks hold different models. Parameter "
                 f"#{position} differs: {said} (rank 0 has {len(reference)} parameters). "
                 f"Build the same model on every rank before wrapping it.")
 
 
-def broadcast_tensors(comm, tensors, cuda_aware: bool, root: int = 0) -> None:
-    """Overwrite ``tensors`` with rank ``root``'s values, one flat message per dtype and device.
+def broadcast_tensors(transport, tensors, root: int = 0) -> None:
+    """Overwrite ``tensors`` with rank ``root``'s values, one flat message per dtype and
+    device, through ``transport`` (a ``hpcddp.transport.Transport``).
 
-    .. warning:: Collective.
+    .. warning:: Collective and a synchronization point.
     """
     groups = OrderedDict()
     for t in tensors:
@@ -47,11 +46,9 @@ def broadcast_tensors(comm, tensors, cuda_aware: bool, root: int = 0) -> None:
     for group in groups.values():
         flat = torch.cat([t.reshape(-1) for t in group]) if len(group) > 1 else \
             group[0].reshape(-1).clone()
-        view = mpi_view(flat, cuda_aware)
-        comm.Bcast(view.buf, root=root)
-        if view.finish is not None:
-            view.finish()
-        if comm.rank != root:
+        transport.broadcast(flat, root, name=f"DDP broadcast of {len(group)} tensors "
+                                             f"({flat.numel()} {flat.dtype})").wait()
+        if transport.comm.rank != root:
             offset = 0
             for t in group:
                 t.copy_(flat[offset:offset + t.numel()].view_as(t))

@@ -1,6 +1,7 @@
 """Launcher facts and ``HPCDDP_*`` settings, read from the environment (standard library only)."""
 
 from hpcddp.env.config import ConfigError, describe_settings, get_setting
+from hpcddp.env.jobvars import clean_environment
 from hpcddp.env.launchers import (
     LAUNCHERS,
     Launcher,
@@ -15,6 +16,7 @@ __all__ = [
     "Launcher",
     "SingletonLaunchError",
     "check_not_singleton",
+    "clean_environment",
     "describe_settings",
     "detect_launcher",
     "get_setting",

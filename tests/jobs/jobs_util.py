@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from hpcddp.env import clean_environment
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 BIN = Path(sys.executable).parent
@@ -25,9 +27,8 @@ class Finished:
 
 
 def clean_env(extra):
-    # A job started from inside another launcher's step would inherit its variables.
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "SLURM_STEP", "MPI_LOCAL", "HYDRA"))}
+    """This environment without another launcher's job variables, plus ``extra``."""
+    env = clean_environment(os.environ)
     env.update(extra or {})
     return env
 

@@ -58,7 +58,7 @@ def test_gradient_as_bucket_view_survives_set_to_none(world, device):
         opt.zero_grad()  # set_to_none
         _backward(ddp, world, step)
         opt.step()
-    storages = {b.buffer.untyped_storage().data_ptr(): b.buffer for b in ddp.reducer.buckets}
+    storages = {b.buffer().untyped_storage().data_ptr(): b.buffer() for b in ddp.reducer.buckets}
     for p in ddp.parameters():
         base = p.grad.untyped_storage().data_ptr()
         assert base in storages, "a .grad does not live in a bucket buffer"

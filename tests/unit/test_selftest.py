@@ -6,7 +6,8 @@ import sys
 import pytest
 import torch
 
-from hpcddp.comm.selftest import clean_environment, run_self_test
+from hpcddp.comm.selftest import run_self_test
+from hpcddp.env import clean_environment
 
 
 def _python(code):

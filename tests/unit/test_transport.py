@@ -12,9 +12,8 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from hpcddp.buffers import transfer_mode
-from hpcddp.ddp.transport import Transport
 from hpcddp.pinned import HostBuffer
+from hpcddp.transport import Transport
 
 
 class FakeEvent:
@@ -79,12 +78,12 @@ def transport(cuda):
 def test_staged_bucket_is_copied_on_a_side_stream_after_its_producer(cuda):
     t = transport(cuda)
     bucket = torch.arange(6, dtype=torch.float32)
-    transfer = t.start(bucket, slot=0, mode="staged")
+    transfer = t.allreduce(bucket, slot=0, route=t.staged)
     assert cuda.log == [("record", "event0", "compute"),  # gradients produced
                         ("wait", "side", "event0"),       # the copy waits for them
                         ("enter", "side"), ("record", "event1", "side"), ("exit", "side")]
     assert t.collectives == 0 and not transfer.issued, "issued before the copy completed"
-    assert torch.equal(transfer.host, torch.arange(6, dtype=torch.float32))
+    assert torch.equal(transfer.pieces[0].bindings[0].host, torch.arange(6, dtype=torch.float32))
     cuda.events[1].done = True
     t.advance()
     assert t.collectives == 1 and transfer.issued
@@ -93,7 +92,7 @@ def test_staged_bucket_is_copied_on_a_side_stream_after_its_producer(cuda):
 def test_staged_result_is_copied_back_and_the_consumer_waits_for_it(cuda):
     t = transport(cuda)
     bucket = torch.arange(6, dtype=torch.float32)
-    transfer = t.start(bucket, slot=0, mode="staged")
+    transfer = t.allreduce(bucket, slot=0, route=t.staged)
     bucket.zero_()  # whatever the bucket holds now, the result must come from MPI's buffer
     cuda.log.clear()
     transfer.wait()
@@ -106,12 +105,13 @@ def test_staged_result_is_copied_back_and_the_consumer_waits_for_it(cuda):
 def test_large_staged_bucket_travels_in_pieces_each_issued_when_its_copy_is_done(cuda):
     t = Transport(MPI.COMM_SELF, cuda_aware=False, cuda=cuda, pinned=False, chunk_bytes=8)
     bucket = torch.arange(5, dtype=torch.float32)
-    transfer = t.start(bucket, slot=0, mode="staged")
-    assert [p.buffer.tolist() for p in transfer.pieces] == [[0, 1], [2, 3], [4]]
-    assert [p.host.data_ptr() for p in transfer.pieces] == [
-        transfer.host.data_ptr() + 8 * i for i in range(3)], "pieces share the staging buffer"
-    assert len({p.ready.name for p in transfer.pieces}) == 3, "one copy event per piece"
-    transfer.pieces[0].ready.done = True
+    transfer = t.allreduce(bucket, slot=0, route=t.staged)
+    parts = [p.bindings[0] for p in transfer.pieces]
+    assert [b.tensor.tolist() for b in parts] == [[0, 1], [2, 3], [4]]
+    assert [b.host.data_ptr() for b in parts] == [
+        parts[0].host.data_ptr() + 8 * i for i in range(3)], "pieces share the staging buffer"
+    assert len({b.ready.name for b in parts}) == 3, "one copy event per piece"
+    parts[0].ready.done = True
     t.advance()
     assert t.collectives == 1, "the first piece goes while the others are still copying"
     bucket.zero_()
@@ -124,13 +124,13 @@ def test_large_staged_bucket_travels_in_pieces_each_issued_when_its_copy_is_done
                              ("wait", "compute", cuda.events[-1].name)]
     assert cuda.log.count(("enter", "side")) == 3
     whole = Transport(MPI.COMM_SELF, cuda_aware=False, cuda=cuda, pinned=False, chunk_bytes=0)
-    assert len(whole.start(torch.ones(5), slot=0, mode="staged").pieces) == 1
+    assert len(whole.allreduce(torch.ones(5), slot=0, route=whole.staged).pieces) == 1
 
 
 def test_transfers_are_issued_in_start_order_whatever_completes_first(cuda):
     t = transport(cuda)
-    first = t.start(torch.ones(4), slot=0, mode="staged")
-    second = t.start(torch.ones(8), slot=1, mode="staged")
+    first = t.allreduce(torch.ones(4), slot=0, route=t.staged)
+    second = t.allreduce(torch.ones(8), slot=1, route=t.staged)
     second.ready.done = True
     t.advance()
     assert not first.issued and not second.issued and t.pending() == 2
@@ -141,25 +141,26 @@ def test_transfers_are_issued_in_start_order_whatever_completes_first(cuda):
 
 def test_waiting_for_a_later_transfer_issues_the_earlier_ones_first(cuda):
     t = transport(cuda)
-    first = t.start(torch.ones(4), slot=0, mode="device")
-    second = t.start(torch.ones(8), slot=1, mode="device")
+    first = t.allreduce(torch.ones(4), slot=0, route=t.device)
+    second = t.allreduce(torch.ones(8), slot=1, route=t.device)
     cuda.log.clear()
     second.wait()
     assert cuda.log == [("synchronize", first.ready.name), ("synchronize", second.ready.name)]
     assert first.issued and t.collectives == 2
     first.wait()
-    assert torch.equal(first.buffer, torch.ones(4))
+    assert torch.equal(first.result, torch.ones(4))
 
 
 def test_device_bucket_waits_on_its_own_event_never_the_device(cuda):
     t = transport(cuda)
-    transfer = t.start(torch.ones(4), slot=0, mode="device")
+    transfer = t.allreduce(torch.ones(4), slot=0, route=t.device)
     assert cuda.log == [("record", "event0", "compute")]
     assert not transfer.issued
     transfer.ready.done = True
     t.advance()
     transfer.wait()
-    assert transfer.host is None, "a device bucket must not be staged"
+    assert all(b.host is None for p in transfer.pieces for b in p.bindings), \
+        "a device bucket must not be staged"
     assert ("device-synchronize",) not in cuda.log
     assert cuda.log == [("record", "event0", "compute")], "nothing to copy back"
 
@@ -180,7 +181,7 @@ class SlowEvent(FakeEvent):
 
 def test_issue_all_issues_each_transfer_as_its_event_completes(cuda):
     t = transport(cuda)
-    transfers = [t.start(torch.ones(4), slot=i, mode="device") for i in range(3)]
+    transfers = [t.allreduce(torch.ones(4), slot=i, route=t.device) for i in range(3)]
     for transfer, queries in zip(transfers, (2, 4, 9)):
         transfer.ready = SlowEvent(cuda, queries, t)
     cuda.log.clear()
@@ -191,27 +192,27 @@ def test_issue_all_issues_each_transfer_as_its_event_completes(cuda):
     assert [e[2] for e in cuda.log] == [0, 1, 2]
     for transfer in transfers:
         transfer.wait()
-        assert torch.equal(transfer.buffer, torch.ones(4))
+        assert torch.equal(transfer.result, torch.ones(4))
 
 
 def test_host_bucket_is_issued_at_once_without_events(cuda):
     t = transport(cuda)
-    transfer = t.start(torch.ones(4), slot=0)
-    assert transfer.mode == "host" and transfer.issued and cuda.log == []
+    transfer = t.allreduce(torch.ones(4), slot=0)
+    assert transfer.route is t.host and transfer.issued and cuda.log == []
     transfer.wait()
 
 
 def test_staging_buffer_per_bucket_survives_and_grows_only(cuda):
     t = transport(cuda)
-    t.start(torch.ones(100), slot=0, mode="staged").wait()
-    t.start(torch.ones(10), slot=1, mode="staged").wait()
-    staging = t.host_buffer(0)
+    t.allreduce(torch.ones(100), slot=0, route=t.staged).wait()
+    t.allreduce(torch.ones(10), slot=1, route=t.staged).wait()
+    staging = t.staged.host_buffer(0)
     pointer = staging.get(1, torch.float32).data_ptr()
-    t.start(torch.ones(50), slot=0, mode="staged").wait()  # smaller: reused
+    t.allreduce(torch.ones(50), slot=0, route=t.staged).wait()  # smaller: reused
     assert staging.allocations == 1 and staging.get(1, torch.float32).data_ptr() == pointer
-    t.start(torch.ones(200), slot=0, mode="staged").wait()  # larger: grows once
+    t.allreduce(torch.ones(200), slot=0, route=t.staged).wait()  # larger: grows once
     assert staging.allocations == 2 and staging.capacity == 800
-    assert t.host_buffer(1).allocations == 1
+    assert t.staged.host_buffer(1).allocations == 1
 
 
 def test_host_buffer_views_any_dtype_and_only_grows():
@@ -226,8 +227,10 @@ def test_host_buffer_views_any_dtype_and_only_grows():
 
 
 def test_cpu_tensors_go_to_mpi_from_their_own_memory():
-    assert transfer_mode(torch.ones(2), cuda_aware=True) == "host"
-    assert transfer_mode(torch.ones(2, dtype=torch.bfloat16), cuda_aware=False) == "host"
+    t = Transport(MPI.COMM_SELF, cuda_aware=True)
+    assert t.route_for(torch.ones(2)) is t.host
+    t = Transport(MPI.COMM_SELF, cuda_aware=False)
+    assert t.route_for(torch.ones(2, dtype=torch.bfloat16)) is t.host
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")

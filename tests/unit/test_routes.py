@@ -1,16 +1,17 @@
-"""How tensors are shown to MPI, and the bfloat16 reduction, checked against torch."""
+"""How CPU tensors are shown to MPI (``HostRoute``), and the bfloat16 reduction, checked
+against torch."""
 
 import numpy as np
 import pytest
 import torch
 
-from hpcddp.buffers import mpi_view
+from hpcddp.transport import HostRoute
 from hpcddp.comm.ops import BFLOAT16, bf16_to_f32, f32_to_bf16, mpi_op
 
 
 def test_contiguous_cpu_tensor_is_shared_not_copied():
     t = torch.arange(6, dtype=torch.float32)
-    view = mpi_view(t, cuda_aware=False)
+    [view] = HostRoute().bind(t)
     assert view.finish is None and view.kind is None
     view.buf[0] = 42
     assert t[0] == 42
@@ -18,7 +19,7 @@ def test_contiguous_cpu_tensor_is_shared_not_copied():
 
 def test_non_contiguous_tensor_is_staged_and_copied_back():
     t = torch.zeros(4, 3).t()
-    view = mpi_view(t, cuda_aware=False)
+    [view] = HostRoute().bind(t)
     view.buf[...] = 7
     assert torch.all(t == 0)
     view.finish()
@@ -27,7 +28,7 @@ def test_non_contiguous_tensor_is_staged_and_copied_back():
 
 def test_bfloat16_travels_as_raw_words():
     t = torch.tensor([1.5, -2.0, 3.25], dtype=torch.bfloat16)
-    view = mpi_view(t, cuda_aware=False)
+    [view] = HostRoute().bind(t)
     assert view.kind == BFLOAT16 and view.buf.dtype == np.uint16
     np.testing.assert_array_equal(bf16_to_f32(view.buf), t.float().numpy())
 

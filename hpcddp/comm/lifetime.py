@@ -1,0 +1,113 @@
+"""Who releases what, and in which order, before MPI is finalized.
+
+Some MPI resources must be released before ``MPI_Finalize``, several of them
+collectively: a communicator from ``Dup()``, a file opened with MPI-IO, a helper thread
+that calls MPI. Each belongs to one owner with a ``close()``. Owners register here while
+open, so that one exit path, ``close_all()``, closes whatever is still open, newest
+first. ``hpcddp.shutdown()`` runs it, the preemption path runs it before finalizing,
+and so does interpreter exit, before mpi4py finalizes MPI.
+"""
+
+import atexit
+import threading
+import weakref
+from typing import Dict
+
+from mpi4py import MPI
+
+__all__ = ["Closable", "close_all", "free_comm", "open_count", "register", "unregister"]
+
+_open: Dict[int, object] = {}  # insertion order is opening order, the same on every rank
+_lock = threading.Lock()
+
+
+def register(owner, keep_alive: bool = False) -> None:
+    """Have ``close_all`` close ``owner`` (anything with ``close()``) if still open.
+
+    Args:
+        owner: the object that owns the resource.
+        keep_alive: hold ``owner`` until it is closed. For resources whose release is
+            collective and must not be left to the garbage collector (an MPI-IO file:
+            ranks would close it at different moments and hang). Otherwise the
+            registry holds a weak reference and does not extend the owner's life.
+    """
+    with _lock:
+        _open[id(owner)] = owner if keep_alive else weakref.ref(owner)
+
+
+def unregister(owner) -> None:
+    """``owner`` has closed itself."""
+    with _lock:
+        _open.pop(id(owner), None)
+
+
+def open_count() -> int:
+    """How many registered owners are still open (and alive)."""
+    with _lock:
+        return sum(1 for o in _open.values() if not isinstance(o, weakref.ref) or o() is not None)
+
+
+def close_all() -> None:
+    """Close every registered owner, newest first.
+
+    .. warning:: Collective where an owner's ``close()`` is (MPI-IO files,
+       communicators): every rank must run it, as every exit path does.
+    """
+    while True:
+        with _lock:
+            if not _open:
+                return
+            owner = _open.popitem()[1]
+        owner = owner() if isinstance(owner, weakref.ref) else owner
+        if owner is not None:
+            owner.close()
+
+
+def free_comm(comm) -> None:
+    """Free ``comm`` unless it is null or MPI is already finalized."""
+    if comm is not None and comm != MPI.COMM_NULL and not MPI.Is_finalized():
+        comm.Free()
+
+
+class Closable:
+    """An owner of MPI resources: registered while open, ``close()`` once, then refused.
+
+    Subclasses call ``_opened()`` once their resources exist, implement ``_release()``,
+    and call ``_check_open()`` where a closed object must not be used.
+    """
+
+    _closed = True
+    _what = "object"
+
+    def _opened(self) -> None:
+        self._closed = False
+        register(self)
+
+    def _release(self) -> None:
+        raise NotImplementedError
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"hpcddp: this {self._what} is already closed; create a new one")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Release the MPI resources. Collective: every rank must call it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        unregister(self)
+        self._release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# Python's exit handlers run before mpi4py's MPI_Finalize (a Py_AtExit hook).
+atexit.register(close_all)

@@ -1,0 +1,101 @@
+"""``GradBucket``: one bucket of gradients, as the reducer fills it and a hook sees it.
+
+A bucket is one flat buffer of one dtype on one device, with a view per parameter. The
+reducer fills it as gradients arrive; once full, the bucket hook (``hooks.py``) decides
+what is done to it and returns a handle whose result is the reduced buffer. The methods
+a hook uses are those of torch's ``GradBucket``: ``index()``, ``buffer()``,
+``set_buffer()``, ``is_last()``, ``parameters()``, ``gradients()``.
+"""
+
+from typing import List, Optional
+
+import torch
+
+__all__ = ["GradBucket"]
+
+
+class GradBucket:
+    """One bucket of gradients.
+
+    Args:
+        index: the bucket's position in launch order.
+        count: how many buckets there are.
+        layout: its ``BucketLayout`` (parameter indices and offsets).
+        params: every parameter of the model, indexed as in ``layout``.
+    """
+
+    __slots__ = ("_index", "_count", "layout", "storage", "views", "_params", "_buffer",
+                 "pending", "route", "handle")
+
+    def __init__(self, index: int, count: int, layout, params: List[torch.Tensor]):
+        self._index, self._count, self.layout = index, count, layout
+        first = params[layout.params[0]]
+        self.storage = torch.zeros(layout.numel, dtype=first.dtype, device=first.device)
+        self.views = [self.storage[o:o + params[i].numel()].view_as(params[i])
+                      for i, o in zip(layout.params, layout.offsets)]
+        self._params = [params[i] for i in layout.params]
+        self._buffer = self.storage
+        self.pending = set()
+        self.route = None   # how this buffer reaches MPI, chosen once by the reducer
+        self.handle = None  # the hook's handle during a synchronized backward
+
+    # -- torch's GradBucket ----------------------------------------------------------------
+
+    def index(self) -> int:
+        """The bucket's index; bucket 0 is launched first."""
+        return self._index
+
+    def buffer(self) -> torch.Tensor:
+        """The flat tensor holding this bucket's gradients (or what ``set_buffer`` gave)."""
+        return self._buffer
+
+    def set_buffer(self, tensor: torch.Tensor) -> None:
+        """Replace what ``buffer()`` returns for the rest of this bucket's reduction
+        (e.g. a compressed copy that an inner hook then reduces)."""
+        self._buffer = tensor
+
+    def is_last(self) -> bool:
+        """Whether this is the last bucket to be launched in a backward."""
+        return self._index == self._count - 1
+
+    def parameters(self) -> List[torch.Tensor]:
+        """The bucket's parameters, in bucket order."""
+        return list(self._params)
+
+    def gradients(self) -> List[torch.Tensor]:
+        """One view of ``buffer()`` per parameter, shaped like it."""
+        if self._buffer is self.storage:
+            return list(self.views)
+        return [self._buffer[o:o + p.numel()].view_as(p)
+                for p, o in zip(self._params, self.layout.offsets)]
+
+    # -- the reducer's side -----------------------------------------------------------------
+
+    def fill(self, position: int, grad: torch.Tensor, divisor: int) -> None:
+        """Put parameter ``position``'s gradient into the bucket, divided by ``divisor``.
+
+        This is the one place gradients are divided: the copy into the bucket costs the
+        division nothing (torch's reducer fuses it the same way). A gradient that already
+        is the bucket's view (``gradient_as_bucket_view``) is divided where it stands.
+        """
+        view = self.views[position]
+        if grad.data_ptr() == view.data_ptr() and grad.shape == view.shape:
+            if divisor != 1:
+                view.div_(divisor)
+        elif divisor != 1:
+            torch.div(grad, divisor, out=view)
+        else:
+            view.copy_(grad)
+
+    def start(self, hook) -> None:
+        """Hand the full bucket to ``hook``; keep its handle."""
+        self._buffer = self.storage
+        self.handle = hook(self)
+
+    def finish(self) -> torch.Tensor:
+        """Wait for the hook's handle; the reduced values end up in ``storage``."""
+        result: Optional[torch.Tensor] = self.handle.wait()
+        if result is not None and result is not self.storage:
+            self.storage.copy_(result.reshape(-1))
+        self.handle = None
+        return self.storage

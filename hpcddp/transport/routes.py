@@ -1,0 +1,127 @@
+"""How a tensor's memory is shown to MPI: one ``Route`` class per way.
+
+MPI needs a contiguous buffer of a type it knows. bfloat16 travels as raw 16-bit words
+(reduced by ``comm.ops``'s user operation), bool as bytes. MPI knows nothing of CUDA
+streams: a device buffer handed to MPI before the kernels writing it have run gives
+random results (mpi4py/mpi4py#60), so a CUDA tensor is bound with an event recorded on
+the stream that produced it, and MPI sees it only once that event has completed. A
+route waits for that event, never for the whole device, so later work goes on.
+"""
+
+from typing import Callable, List, Optional
+
+import torch
+
+from hpcddp.comm.ops import BFLOAT16, BOOL
+
+__all__ = ["Binding", "DeviceRoute", "HostRoute", "Route", "host_array"]
+
+
+def host_array(tensor: torch.Tensor):
+    """Return ``(array, kind)``: a NumPy view of a contiguous CPU tensor, and how MPI
+    must read it (``BFLOAT16``, ``BOOL`` or None)."""
+    tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view("uint16"), BFLOAT16
+    if tensor.dtype == torch.bool:
+        return tensor.view(torch.uint8).numpy(), BOOL
+    return tensor.numpy(), None
+
+
+class Binding:
+    """One tensor (or one piece of it) of one operation, as MPI sees it.
+
+    Attributes:
+        tensor: the caller's tensor, or the part of it this piece covers.
+        buf: what MPI reads or writes.
+        kind: ``BFLOAT16`` or ``BOOL`` where MPI sees raw words, else None.
+        host: the pinned host copy MPI works on, for a staged tensor; else None.
+        ready: an event after which MPI may touch ``buf``; None: at once.
+        finish: after MPI has completed, brings the result into ``tensor``; returns the
+            stream it queued that work on (the consumer must wait for it), or None.
+        release: called once the whole operation is over (returns a borrowed buffer).
+    """
+
+    __slots__ = ("tensor", "buf", "kind", "host", "ready", "finish", "release")
+
+    def __init__(self, tensor, buf, kind=None, host=None, ready=None,
+                 finish: Optional[Callable[[], object]] = None,
+                 release: Optional[Callable[[], None]] = None):
+        self.tensor, self.buf, self.kind, self.host = tensor, buf, kind, host
+        self.ready, self.finish, self.release = ready, finish, release
+
+    def is_ready(self) -> bool:
+        return self.ready is None or self.ready.query()
+
+
+class Route:
+    """How tensors of one kind reach MPI. A ``Transport`` holds one instance of each.
+
+    Args:
+        cuda: the CUDA API (``torch.cuda``); unit tests of the ordering pass a stand-in.
+    """
+
+    name = "route"
+
+    def __init__(self, cuda=torch.cuda):
+        self.cuda = cuda
+
+    def bind(self, tensor: torch.Tensor, read: bool = True, write: bool = True,
+             slot: Optional[int] = None, chunk_bytes: int = 0) -> List[Binding]:
+        """Show ``tensor`` to MPI for one operation.
+
+        Args:
+            tensor: the caller's tensor.
+            read: MPI reads the tensor's current values.
+            write: MPI's result must end up in the tensor.
+            slot: a buffer that stays this operation's across calls (a DDP bucket's
+                index); staging memory is kept per slot.
+            chunk_bytes: an elementwise operation may travel in pieces of this size
+                (only staging splits; 0 keeps it whole).
+
+        Returns:
+            One binding per piece, in order.
+        """
+        raise NotImplementedError
+
+    def __repr__(self):
+        return f"<{type(self).__name__}>"
+
+
+class HostRoute(Route):
+    """CPU tensors: MPI works on the tensor's own memory (a contiguous copy if need be)."""
+
+    name = "host"
+
+    def bind(self, tensor, read=True, write=True, slot=None, chunk_bytes=0):
+        tensor = tensor.detach()
+        if tensor.is_contiguous():
+            return [Binding(tensor, *host_array(tensor))]
+        work = tensor.contiguous()
+
+        def finish():
+            tensor.copy_(work)
+        return [Binding(tensor, *host_array(work), finish=finish if write else None)]
+
+
+class DeviceRoute(Route):
+    """CUDA tensors for a CUDA-aware MPI: the device buffer itself goes to MPI, through
+    ``__cuda_array_interface__`` / DLPack (no CuPy needed), once its producer's event
+    has completed. A completed request means the result is in device memory."""
+
+    name = "device"
+
+    def bind(self, tensor, read=True, write=True, slot=None, chunk_bytes=0):
+        tensor = tensor.detach()
+        stream = self.cuda.current_stream(tensor.device)
+        work = tensor if tensor.is_contiguous() else tensor.contiguous()
+        produced = self.cuda.Event()
+        produced.record(stream)
+        buf, kind = (work.view(torch.uint8), BOOL) if work.dtype == torch.bool else (work, None)
+        finish = None
+        if write and work is not tensor:
+            def finish():
+                with self.cuda.stream(stream):
+                    tensor.copy_(work)
+                return stream
+        return [Binding(tensor, buf, kind, ready=produced, finish=finish)]

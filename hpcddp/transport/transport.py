@@ -1,0 +1,306 @@
+"""``Transport``: tensor operations on one communicator, issued in the order started.
+
+MPI requires every rank to issue collectives on a communicator in the same order. On a
+GPU a tensor may be started before its data is ready (a gradient hook runs ahead of the
+kernels it queued), so operations wait in a queue and are issued strictly in start
+order, each once its data is ready, however their events complete. ``advance()`` issues
+what it can and ``Test``s what is in flight (MPI makes no progress while Python
+computes); it never blocks. A ``Transfer`` is the ``Handle`` of one operation.
+
+One lock per transport serializes its MPI calls, so the progress thread
+(``hpcddp.comm.progress``) may complete transfers while the caller starts new ones.
+"""
+
+import threading
+from collections import deque
+from typing import Callable, Deque, List, Optional, Sequence, Tuple
+
+import torch
+from mpi4py import MPI
+
+from hpcddp.comm.handle import Handle
+from hpcddp.comm.ops import mpi_op
+from hpcddp.transport.routes import Binding, DeviceRoute, HostRoute, Route
+from hpcddp.transport.staging import StagedRoute
+
+__all__ = ["Transfer", "Transport"]
+
+Issue = Callable[..., "MPI.Request"]
+
+
+class _Piece:
+    """A part of an operation with one MPI request: its bindings and how to issue it."""
+
+    __slots__ = ("transfer", "bindings", "issue_fn", "request", "done", "finished")
+
+    def __init__(self, transfer, bindings: Sequence[Binding], issue_fn: Issue):
+        self.transfer, self.bindings, self.issue_fn = transfer, list(bindings), issue_fn
+        self.request: Optional[MPI.Request] = None
+        self.done = False      # MPI has completed the request
+        self.finished = False  # its result has been brought back
+
+    def is_ready(self) -> bool:
+        return all(binding.is_ready() for binding in self.bindings)
+
+    def wait_ready(self) -> None:
+        for binding in self.bindings:
+            if binding.ready is not None:
+                binding.ready.synchronize()
+
+
+class Transfer(Handle):
+    """One tensor operation, from start to a result the consumer stream can read.
+
+    Created by the ``Transport``; it issues the pieces, ``wait()`` completes them and
+    makes the caller's current CUDA stream wait for the copies back. ``result`` is what
+    ``wait()`` returns (the reduced tensor, or the operation's output tensors).
+    """
+
+    __slots__ = ("transport", "route", "pieces", "_streams", "_events")
+
+    def __init__(self, transport: "Transport", route: Route, name: str, result=None):
+        super().__init__(name=name, result=result, lock=transport.lock)
+        self.transport, self.route = transport, route
+        self.pieces: List[_Piece] = []
+        self._streams = []  # streams that copies back were queued on
+        self._events = []   # recorded on them once every piece has finished
+
+    @property
+    def issued(self) -> bool:
+        return all(piece.request is not None for piece in self.pieces)
+
+    @property
+    def ready(self):
+        """The event the first piece waits for (None when MPI may start at once)."""
+        return self.pieces[0].bindings[0].ready
+
+    @ready.setter
+    def ready(self, event):
+        for piece in self.pieces:
+            for binding in piece.bindings:
+                binding.ready = event
+
+    def test(self) -> bool:
+        """Drive the transport; once MPI has completed every piece, bring the results
+        back and run the callbacks. Returns whether the transfer is done."""
+        with self._lock:
+            if not self._done:
+                self.transport.advance()
+                if all(piece.done for piece in self.pieces):
+                    self._complete()
+        return self._done
+
+    def _block(self) -> None:
+        with self._lock:
+            for piece in self.pieces:
+                self.transport.issue_through(piece)
+                if not piece.done:
+                    piece.request.Wait()
+                    piece.done = True
+                # Each piece goes back as soon as it is in, while later ones are reduced.
+                self._bring_back(piece)
+            self._complete()
+
+    def wait(self, timeout: Optional[float] = None):
+        """Block until the result is in place as seen by the current CUDA stream.
+
+        Raises:
+            HandleTimeout: as ``Handle.wait``.
+
+        .. warning:: Synchronization point: issues every earlier operation, waits for
+           this operation's producer (or copy) events and for every rank's contribution.
+        """
+        super().wait(timeout)
+        if self._events:
+            device = self.pieces[0].bindings[0].tensor.device
+            for event in self._events:
+                self.transport.cuda.current_stream(device).wait_event(event)
+        return self.result
+
+    def synchronize(self) -> None:
+        """Block the host until the copies back have run (for results read by any stream)."""
+        for event in self._events:
+            event.synchronize()
+
+    def _bring_back(self, piece: _Piece) -> None:
+        if piece.finished:
+            return
+        piece.finished = True
+        for binding in piece.bindings:
+            if binding.finish is not None:
+                stream = binding.finish()
+                if stream is not None and stream not in self._streams:
+                    self._streams.append(stream)
+
+    def _complete(self) -> None:
+        """Every piece is done: results back, consumer events recorded, buffers returned."""
+        if self._done:
+            return
+        for piece in self.pieces:
+            self._bring_back(piece)
+        for stream in self._streams:
+            event = self.transport.cuda.Event()
+            event.record(stream)
+            self._events.append(event)
+        for piece in self.pieces:
+            for binding in piece.bindings:
+                if binding.release is not None:
+                    binding.release()
+        self._finish()
+
+
+class Transport:
+    """Starts tensor operations on ``comm`` and issues them in start order.
+
+    Args:
+        comm: the communicator; nothing else may issue collectives on it.
+        cuda_aware: MPI accepts CUDA device buffers.
+        cuda: the CUDA API (``torch.cuda``); unit tests of the ordering pass a stand-in.
+        pinned: page-lock the staging buffers (off only where there is no CUDA).
+        chunk_bytes: staged allreduces travel in pieces of about this size (0: whole).
+
+    Example::
+
+        transport = Transport(comm, cuda_aware=world.cuda_aware)
+        transfer = transport.allreduce(bucket, slot=0)   # issued when its data is ready
+        ...                                              # transport.advance() meanwhile
+        transfer.wait()                                  # bucket holds the sum
+    """
+
+    def __init__(self, comm, cuda_aware: bool = False, cuda=torch.cuda, pinned: bool = True,
+                 chunk_bytes: int = 4 << 20):
+        self.comm, self.cuda_aware, self.cuda = comm, cuda_aware, cuda
+        self.chunk_bytes = chunk_bytes
+        self.host = HostRoute(cuda)
+        self.device = DeviceRoute(cuda)
+        self.staged = StagedRoute(cuda, pinned=pinned)
+        self.lock = threading.RLock()
+        self._unissued: Deque[_Piece] = deque()
+        self._issued: List[_Piece] = []  # issued, not yet seen complete
+        self.collectives = 0  # MPI operations issued, for inspection
+
+    # -- routes --------------------------------------------------------------------------
+
+    def route_for(self, tensor: torch.Tensor) -> Route:
+        """The route for ``tensor``: host memory, device memory, or staged."""
+        if not tensor.is_cuda:
+            return self.host
+        # The bf16 sum is a user-defined MPI operation that runs on the host.
+        if self.cuda_aware and tensor.dtype != torch.bfloat16:
+            return self.device
+        return self.staged
+
+    # -- operations ----------------------------------------------------------------------
+
+    def allreduce(self, tensor: torch.Tensor, op: str = "sum", slot: Optional[int] = None,
+                  route: Optional[Route] = None, name: Optional[str] = None) -> Transfer:
+        """Start reducing ``tensor`` in place across the ranks; elementwise, so a staged
+        tensor travels in pieces.
+
+        Called on the stream that produced the data (autograd's current stream in a
+        gradient hook).
+
+        Args:
+            tensor: any tensor; the result lands in it.
+            op: sum, product, min, max, band, bor or bxor.
+            slot: keeps the staging buffer across calls (a DDP bucket's index).
+            route: the route, when the caller chose it once for its buffer.
+            name: for messages; "allreduce of N <dtype>" by default.
+        """
+        route = route or self.route_for(tensor)
+        bindings = route.bind(tensor, read=True, write=True, slot=slot,
+                              chunk_bytes=self.chunk_bytes)
+        name = name or f"allreduce ({op}) of {tensor.numel()} {_dtype(tensor)}"
+
+        def issue(binding):
+            return self.comm.Iallreduce(MPI.IN_PLACE, binding.buf, op=mpi_op(op, binding.kind))
+        return self._start(route, name, [([b], issue) for b in bindings], tensor)
+
+    def broadcast(self, tensor: torch.Tensor, root: int = 0,
+                  name: Optional[str] = None) -> Transfer:
+        """Start overwriting ``tensor`` with rank ``root``'s on every rank."""
+        is_root = self.comm.rank == root
+        name = name or f"broadcast of {tensor.numel()} {_dtype(tensor)} from rank {root}"
+        return self.submit(name, [(tensor, is_root, not is_root)],
+                           lambda b: self.comm.Ibcast(b.buf, root=root), result=tensor)
+
+    def submit(self, name: str, tensors: Sequence[Tuple[torch.Tensor, bool, bool]],
+               issue: Issue, result=None) -> Transfer:
+        """Start one MPI operation on ``tensors``.
+
+        Args:
+            name: what it is, for messages.
+            tensors: ``(tensor, read, write)`` for each tensor MPI touches.
+            issue: called with one ``Binding`` per tensor once all are ready; returns
+                the MPI request.
+            result: what the transfer's ``wait()`` returns.
+        """
+        bindings, route = [], self.host
+        for tensor, read, write in tensors:
+            route = self.route_for(tensor)
+            bindings.extend(route.bind(tensor, read=read, write=write))
+        return self._start(route, name, [(bindings, issue)], result)
+
+    def _start(self, route, name, parts, result) -> Transfer:
+        with self.lock:
+            transfer = Transfer(self, route, name, result)
+            transfer.pieces = [_Piece(transfer, bindings, issue) for bindings, issue in parts]
+            self._unissued.extend(transfer.pieces)
+            self.advance()
+            return transfer
+
+    # -- progress ------------------------------------------------------------------------
+
+    def _issue(self, piece: _Piece) -> None:
+        piece.request = piece.issue_fn(*piece.bindings)
+        self.collectives += 1
+        self._issued.append(piece)
+
+    def advance(self) -> None:
+        """Issue, in order, the pieces whose data is ready, and ``Test`` the issued ones
+        so MPI makes progress; never blocks."""
+        with self.lock:
+            while self._unissued and self._unissued[0].is_ready():
+                self._issue(self._unissued.popleft())
+            pending = []
+            for piece in self._issued:
+                if piece.done:
+                    continue
+                if piece.request.Test():
+                    piece.done = True  # its transfer brings the result back when asked
+                else:
+                    pending.append(piece)
+            self._issued = pending
+
+    def issue_all(self) -> None:
+        """Issue every started operation as soon as its data is ready.
+
+        On a GPU the gradient hooks run ahead of the kernels they queue, so at the end of
+        backward most buckets are still waiting for their events. Polling the events
+        while driving MPI on the issued requests lets each bucket's reduction start the
+        moment its own data is ready; blocking on one event after another would leave
+        MPI idle meanwhile.
+
+        .. warning:: Synchronization point with the producing streams.
+        """
+        while self._unissued:
+            self.advance()
+
+    def issue_through(self, piece: _Piece) -> None:
+        """Issue every piece up to and including ``piece``, blocking on their events.
+
+        .. warning:: Synchronization point with the producing streams.
+        """
+        with self.lock:
+            while piece.request is None:
+                head = self._unissued.popleft()
+                head.wait_ready()
+                self._issue(head)
+
+    def pending(self) -> int:
+        """Pieces started but not yet issued."""
+        return len(self._unissued)
+
+
+def _dtype(tensor) -> str:
+    return str(tensor.dtype).replace("torch.", "")
