@@ -69,8 +69,12 @@ class _Work(dist._Work):
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 transfer.wait(left)
-            except HandleTimeout as error:
-                raise HandleTimeout(f"{error} (waited with timeout={seconds:g} s)") from None
+            except HandleTimeout:
+                raise HandleTimeout(
+                    f"hpcddp: {transfer.name} did not complete within {seconds:g} s "
+                    f"(work.wait(timeout=...)): a rank taking part has not reached it yet. "
+                    f"It stays pending (MPI cannot cancel a collective); wait again, or end "
+                    f"the job") from None
         self._resolve(None)
         return True
 

@@ -81,3 +81,17 @@ def test_bad_setting_is_reported_on_every_rank(run_job):
                   env={"HPCDDP_CUDA_AWARE": "perhaps"})
     assert job.returncode != 0
     assert job.stderr.count("HPCDDP_CUDA_AWARE='perhaps'") >= 2
+
+
+def test_below_thread_multiple_helper_threads_give_way_and_say_so(run_job):
+    # At FUNNELED no helper thread may call MPI: futures complete on the caller's
+    # thread and the progress pump stays off, each with one warning that says why.
+    job = run_job(["tests/jobs/scripts/below_multiple.py"], n=2, timeout=90,
+                  env={"MPI4PY_RC_THREAD_LEVEL": "funneled"})
+    assert job.returncode == 0, job.output
+    for rank in (0, 1):
+        assert f"rank {rank}: level=funneled at_once=True total=4 notes=2" in job.stdout
+    assert "completing futures in the background is off and get_future() waits" in job.stdout
+    assert "the progress pump (HPCDDP_PROGRESS_THREAD=1) is off" in job.stdout
+    normal = run_job(["tests/jobs/scripts/below_multiple.py"], n=2, timeout=90)
+    assert "rank 0: level=multiple" in normal.stdout and "notes=0" in normal.stdout

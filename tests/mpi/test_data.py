@@ -206,3 +206,42 @@ def test_position_at_the_end_of_an_epoch_resumes_to_nothing(world, files):
     assert list(again) == []  # the epoch was done: the next one comes with set_epoch
     again.set_epoch(1)
     assert len(list(again)) == len(loader)
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+@pytest.mark.parametrize("kind", ["flat", "gzip"])
+def test_dataloader_workers_started_safely_never_initialize_mpi(world, files, context, kind):
+    # Forking an MPI process is unsafe (InfiniBand MPIs), so workers are spawned or come
+    # from a fork server: fresh interpreters that unpickle the dataset. They inherit the
+    # launcher's variables, so a worker that initialized MPI would try to join the job.
+    from worker_probe import ProbedDataset
+
+    paths, _ = files
+    dataset = ProbedDataset(paths[kind], ["x", "y"])
+    sampler = TorchSampler(dataset, world.size, world.rank, shuffle=True, seed=5)
+    here = list(DataLoader(dataset, batch_size=8, sampler=sampler))
+    workers = list(DataLoader(dataset, batch_size=8, sampler=sampler, num_workers=2,
+                              multiprocessing_context=context))
+    assert len(here) == len(workers) == len(sampler) // 8 + (len(sampler) % 8 > 0)
+    for (x, y, _), (wx, wy, worker_mpi) in zip(here, workers):
+        assert torch.equal(x, wx) and torch.equal(y, wy)
+        assert not worker_mpi.any(), f"a {context} worker initialized MPI"
+    assert all(flag.all() for *_, flag in here), "the probe must see MPI in the rank itself"
+
+
+def test_thousands_of_loaders_created_and_closed(world, files):
+    # With the mpio backend each loader duplicates a communicator and opens the file
+    # collectively; both are released by close(), or MPI runs out of contexts.
+    from hpcddp.comm import lifetime
+    paths, _ = files
+    before = lifetime.open_count()
+    for _ in range(3000 if H5PY == "mpio" else 300):
+        with ShardedLoader(paths["gzip"], ["x", "y"], batch_size=64, prefetch=0) as loader:
+            pass
+    assert loader.closed and lifetime.open_count() == before
+    with pytest.raises(RuntimeError, match="already closed"):
+        next(iter(loader))
+    with ShardedLoader(paths["gzip"], ["x", "y"], batch_size=8, seed=1) as loader:
+        theirs = _reference_batches(world, paths["gzip"], 8, 0, seed=1)
+        assert all(torch.equal(x, rx) and torch.equal(y, ry)
+                   for (x, y), (rx, ry) in zip(loader, theirs))

@@ -127,3 +127,45 @@ def test_multi_device_module(world):
     model = nn.Sequential(nn.Linear(8, 8).to("cuda:0"), nn.Linear(8, 3).to("cuda:1"))
     ddp = hpcddp.DistributedDataParallel(model)
     ddp(torch.randn(4, 8, device="cuda:0")).sum().backward()
+
+
+class UsedInsideAndOutsideCheckpoint(nn.Module):
+    """``shared`` runs inside a reentrant checkpoint and again outside it: its gradient
+    hook fires twice in one backward (the inner backward, then the outer one)."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared, self.head = nn.Linear(4, 4), nn.Linear(4, 1)
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+        inner = checkpoint(self.shared, x, use_reentrant=True)
+        return self.head(self.shared(inner))
+
+
+def test_gradient_twice_in_one_backward_is_an_error_on_every_rank(world):
+    torch.manual_seed(0)
+    ddp = hpcddp.DistributedDataParallel(UsedInsideAndOutsideCheckpoint())
+    x = torch.randn(8, 4, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"gradient twice in one backward: shared\.weight "
+                                           r"\(ranks 0.*use_reentrant=False"):
+        ddp(x).sum().backward()
+    # Every bucket was drained: the next collective matches on every rank.
+    assert world.comm.allreduce(1) == world.size
+    ddp.close()
+
+
+def test_thousands_of_wrappers_created_and_closed(world):
+    # Each wrapper duplicates two communicators; MPICH has a few thousand context ids.
+    from hpcddp.comm import lifetime
+    before = lifetime.open_count()
+    for _ in range(3000):
+        with hpcddp.DistributedDataParallel(nn.Linear(2, 2), init_sync=False) as ddp:
+            pass
+    assert ddp.closed and lifetime.open_count() == before
+    with pytest.raises(RuntimeError, match="already closed"):
+        ddp(torch.ones(1, 2))
+    # Still healthy afterwards, with every context id back.
+    last = hpcddp.DistributedDataParallel(nn.Linear(2, 2))
+    last(torch.ones(1, 2)).sum().backward()
+    last.close()

@@ -208,3 +208,63 @@ def test_subgroup(world):
         dist.all_reduce(t, group=group)
         assert t.item() == float(sum(ranks))
     dist.destroy_process_group(group)
+
+
+def test_async_all_reduce_returns_before_the_data_moves(world):
+    # The last rank arrives 2 s late; the others' async call must return at once and
+    # their wait() only once it has arrived, with the right sum.
+    import time
+    late = world.size - 1
+    t = torch.full((1000,), float(world.rank + 1))
+    world.comm.Barrier()
+    start = time.monotonic()
+    if world.rank == late:
+        time.sleep(2.0)
+    work = dist.all_reduce(t, async_op=True)
+    returned = time.monotonic() - start
+    work.wait()
+    waited = time.monotonic() - start
+    assert torch.all(t == sum(range(1, world.size + 1)))
+    if world.rank != late:
+        assert returned < 0.5, f"async all_reduce took {returned:.2f} s to return"
+        assert waited >= 1.9, f"wait() returned after {waited:.2f} s, before the late rank"
+
+
+def test_future_then_chains_without_a_wait(world):
+    # The last rank arrives late: elsewhere the future must come back incomplete at once,
+    # and complete, with its chain, without anyone calling work.wait().
+    import time
+    late = world.size - 1
+    t = torch.full((4,), float(world.rank))
+    world.comm.Barrier()
+    if world.rank == late:
+        time.sleep(1.0)
+    start = time.monotonic()
+    work = dist.all_reduce(t, async_op=True)
+    future = work.get_future()
+    returned, done_at_once = time.monotonic() - start, future.done()
+    chained = future.then(lambda fut: fut.value()[0] * 2).then(lambda fut: fut.value() + 1)
+    assert torch.all(chained.wait() == 2 * sum(range(world.size)) + 1)
+    assert work.is_completed()
+    if world.rank != late and world.size > 1:
+        assert returned < 0.5 and not done_at_once, "get_future() waited for the result"
+
+
+def test_wait_with_a_timeout_names_the_operation(world):
+    if world.size == 1:
+        pytest.skip("needs two ranks")
+    from datetime import timedelta
+
+    from hpcddp.comm import HandleTimeout
+    t = torch.ones(3)
+    if world.rank == 0:
+        work = dist.broadcast(t, src=1, async_op=True)
+        with pytest.raises(HandleTimeout, match=r"broadcast from rank 1 of 3 float32.*did not "
+                                                r"complete within 0\.3 s"):
+            work.wait(timeout=timedelta(seconds=0.3))
+    world.comm.Barrier()  # rank 1 broadcasts only after rank 0 timed out
+    if world.rank == 1:
+        work = dist.broadcast(t * 5, src=1, async_op=True)
+    work.wait() if world.rank in (0, 1) else dist.broadcast(t, src=1)
+    if world.rank == 0:
+        assert torch.all(t == 5)

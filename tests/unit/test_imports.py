@@ -1,0 +1,45 @@
+"""Importing hpcddp starts nothing: checked in fresh interpreters."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("mpi4py.MPI", "h5py", "torch")
+
+
+def _loaded_after(statement):
+    code = (f"import json, sys\n{statement}\n"
+            f"print(json.dumps([m for m in {list(HEAVY)!r} if m in sys.modules]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("statement, allowed", [
+    ("import hpcddp", {"torch"}),
+    ("import hpcddp.env", set()),
+    ("import hpcddp.comm", set()),
+    ("import hpcddp.data", {"torch"}),
+    ("from hpcddp.env import get_setting, detect_launcher, clean_environment", set()),
+])
+def test_import_loads_neither_mpi_nor_h5py(statement, allowed):
+    loaded = set(_loaded_after(statement))
+    assert not loaded - allowed, f"{statement!r} loaded {sorted(loaded - allowed)}"
+
+
+def test_import_hpcddp_loads_not_even_torch():
+    assert _loaded_after("import hpcddp, hpcddp.env, hpcddp.comm, hpcddp.data") == []
+
+
+def test_public_names_load_on_first_use():
+    loaded = _loaded_after("import hpcddp\nhpcddp.DistributedDataParallel\nhpcddp.__version__")
+    assert "torch" in loaded and "mpi4py.MPI" in loaded, "the name must really load"
+    assert _loaded_after("from hpcddp.data import H5Dataset") == ["torch"]
+
+
+def test_unknown_name_is_an_attribute_error():
+    import hpcddp
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        hpcddp.nonsense
