@@ -5,8 +5,7 @@ Importing hpcddp starts nothing: the public names below load their modules (torc
 worker that unpickles an ``hpcddp.data.H5Dataset`` never initializes MPI.
 """
 
-import importlib
-
+from hpcddp.lazy import lazy_names
 from hpcddp.version import __version__
 
 _PUBLIC = {
@@ -20,14 +19,4 @@ _PUBLIC = {
 __all__ = ["DistributedDataParallel", "DistributedSampler", "Preemption", "World", "__version__",
            "get_world", "init", "shutdown"]
 
-
-def __getattr__(name):
-    if name not in _PUBLIC:
-        raise AttributeError(f"module 'hpcddp' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_PUBLIC[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_PUBLIC))
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)

@@ -7,30 +7,21 @@ a ``hpcddp.transport.Transport``, so ``dist.barrier()``, ``dist.all_reduce(loss)
 torch's own ``DistributedSampler`` work after ``hpcddp.init()`` with no TCP store and no
 ports, and CUDA tensors get the same events and pinned staging as DDP's buckets.
 
-Work is asynchronous: a collective returns once its MPI request is issued (or queued
-behind its CUDA producer's event). ``work.wait()`` drives it to completion;
-``work.get_future()`` returns a ``torch.futures.Future`` that hpcddp's progress thread
-(``hpcddp.comm.progress``) completes when MPI does, so ``.then()`` chains run without a
-``wait()``. Below ``MPI_THREAD_MULTIPLE`` no helper thread may call MPI, and
-``get_future()`` completes the operation before it returns (with a warning).
+Work is asynchronous (``hpcddp.work``): a collective returns once its MPI request is
+issued, or queued behind its CUDA producer's event.
 """
 
-import threading
-import time
-from datetime import timedelta
 from itertools import accumulate
-from typing import Callable, List, Optional
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
 from hpcddp.comm import lifetime
-from hpcddp.comm.handle import HandleTimeout
 from hpcddp.comm.ops import mpi_op
-from hpcddp.comm.progress import background
-from hpcddp.comm.threads import helper_threads_allowed
 from hpcddp.transport import Transfer, Transport
+from hpcddp.work import RecvWork, Work
 
 __all__ = ["BACKEND", "MPIProcessGroup", "comm_of", "destroy_default_group",
            "init_default_group", "register_backend"]
@@ -42,92 +33,6 @@ _REDUCE = {
     dist.ReduceOp.MAX: "max", dist.ReduceOp.BAND: "band", dist.ReduceOp.BOR: "bor",
     dist.ReduceOp.BXOR: "bxor", dist.ReduceOp.AVG: "sum",
 }
-
-
-def _seconds(timeout) -> Optional[float]:
-    """torch's timeout (a timedelta; zero means none) in seconds, or None."""
-    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout or 0)
-    return seconds if seconds > 0 else None
-
-
-class _Work(dist._Work):
-    """The torch Work of an hpcddp collective: its transfers, and their future."""
-
-    def __init__(self, transfers: List[Transfer], result: List[torch.Tensor]):
-        super().__init__()
-        self._transfers = transfers
-        self._result = result
-        self._future: Optional[torch.futures.Future] = None
-        self._settle = threading.Lock()
-
-    def wait(self, timeout=timedelta(0)):
-        """Wait for every transfer; raise ``HandleTimeout`` naming the operation after
-        ``timeout`` (zero: no limit)."""
-        seconds = _seconds(timeout)
-        deadline = None if seconds is None else time.monotonic() + seconds
-        for transfer in self._transfers:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                transfer.wait(left)
-            except HandleTimeout:
-                raise HandleTimeout(
-                    f"hpcddp: {transfer.name} did not complete within {seconds:g} s "
-                    f"(work.wait(timeout=...)): a rank taking part has not reached it yet. "
-                    f"It stays pending (MPI cannot cancel a collective); wait again, or end "
-                    f"the job") from None
-        self._resolve(None)
-        return True
-
-    def is_completed(self):
-        return all(transfer.test() for transfer in self._transfers)
-
-    def is_success(self):
-        return self.is_completed()
-
-    def result(self):
-        self.wait()
-        return self._result
-
-    def _resolve(self, error: Optional[BaseException]) -> None:
-        with self._settle:
-            if self._future is None or self._future.done():
-                return
-            if error is not None:
-                self._future.set_exception(error)
-                return
-            for transfer in self._transfers:
-                transfer.synchronize()  # any stream may read a completed future's tensors
-            self._future.set_result(self._result)
-
-    def get_future(self):
-        """A future of the result tensors, completed when MPI completes the operation."""
-        with self._settle:
-            if self._future is not None:
-                return self._future
-            self._future = torch.futures.Future()
-        if all(transfer.done for transfer in self._transfers):
-            self._resolve(None)
-        elif helper_threads_allowed("completing futures in the background",
-                                    "get_future() waits for the operation first"):
-            left = [len(self._transfers)]
-
-            def one_done(error):
-                left[0] -= 1
-                if error is not None or left[0] == 0:
-                    self._resolve(error)
-            for transfer in self._transfers:
-                background().watch(transfer, one_done)
-        else:
-            self.wait()
-        return self._future
-
-
-class _RecvWork(_Work):
-    """A receive from any source, which can tell where the message came from."""
-
-    def _source_rank(self):
-        self.wait()
-        return self._transfers[0].result
 
 
 class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
@@ -199,7 +104,7 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
         name = f"{what} on {self.comm.Get_name()} (rank {self.comm.rank} of {self.comm.size})"
         return self.transport.submit(name, tensors, issue, result)
 
-    def _work(self, transfers, result, cls=_Work):
+    def _work(self, transfers, result, cls=Work):
         return cls(transfers, result)
 
     # -- collectives -----------------------------------------------------------------
@@ -371,7 +276,7 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
         transfer = self._submit(_label("receive from any rank", tensors[0]),
                                 [(tensors[0], False, True)], issue)
         transfer.then(lambda: setattr(transfer, "result", status.Get_source()))
-        return self._work([transfer], list(tensors), _RecvWork)
+        return self._work([transfer], list(tensors), RecvWork)
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
         return self.allgather(output_lists, input_tensors, opts)

@@ -1,0 +1,111 @@
+"""The torch ``Work`` of an hpcddp operation, and its ``Future``.
+
+A collective returns once its MPI request is issued (or queued behind its CUDA
+producer's event). ``wait()`` drives it to completion, and raises ``HandleTimeout``
+naming the operation when a timeout runs out. ``get_future()`` returns a
+``torch.futures.Future`` that hpcddp's progress thread (``hpcddp.comm.progress``)
+completes the moment MPI does, so ``.then()`` chains run without anyone calling
+``wait()``. Below ``MPI_THREAD_MULTIPLE`` no helper thread may call MPI, and
+``get_future()`` completes the operation before it returns, with a warning.
+"""
+
+import threading
+import time
+from datetime import timedelta
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+
+from hpcddp.comm.handle import HandleTimeout
+from hpcddp.comm.progress import background
+from hpcddp.comm.threads import helper_threads_allowed
+from hpcddp.transport import Transfer
+
+__all__ = ["RecvWork", "Work"]
+
+
+def _seconds(timeout) -> Optional[float]:
+    """torch's timeout (a timedelta; zero means none) in seconds, or None."""
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout or 0)
+    return seconds if seconds > 0 else None
+
+
+class Work(dist._Work):
+    """The torch Work of an hpcddp collective: its transfers, and their future."""
+
+    def __init__(self, transfers: List[Transfer], result: List[torch.Tensor]):
+        super().__init__()
+        self._transfers = transfers
+        self._result = result
+        self._future: Optional[torch.futures.Future] = None
+        self._settle = threading.Lock()
+
+    def wait(self, timeout=timedelta(0)):
+        """Wait for every transfer; raise ``HandleTimeout`` naming the operation after
+        ``timeout`` (zero: no limit)."""
+        seconds = _seconds(timeout)
+        deadline = None if seconds is None else time.monotonic() + seconds
+        for transfer in self._transfers:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                transfer.wait(left)
+            except HandleTimeout:
+                raise HandleTimeout(
+                    f"hpcddp: {transfer.name} did not complete within {seconds:g} s "
+                    f"(work.wait(timeout=...)): a rank taking part has not reached it yet. "
+                    f"It stays pending (MPI cannot cancel a collective); wait again, or end "
+                    f"the job") from None
+        self._resolve(None)
+        return True
+
+    def is_completed(self):
+        return all(transfer.test() for transfer in self._transfers)
+
+    def is_success(self):
+        return self.is_completed()
+
+    def result(self):
+        self.wait()
+        return self._result
+
+    def _resolve(self, error: Optional[BaseException]) -> None:
+        with self._settle:
+            if self._future is None or self._future.done():
+                return
+            if error is not None:
+                self._future.set_exception(error)
+                return
+            for transfer in self._transfers:
+                transfer.synchronize()  # any stream may read a completed future's tensors
+            self._future.set_result(self._result)
+
+    def get_future(self):
+        """A future of the result tensors, completed when MPI completes the operation."""
+        with self._settle:
+            if self._future is not None:
+                return self._future
+            self._future = torch.futures.Future()
+        if all(transfer.done for transfer in self._transfers):
+            self._resolve(None)
+        elif helper_threads_allowed("completing futures in the background",
+                                    "get_future() waits for the operation first"):
+            left = [len(self._transfers)]
+
+            def one_done(error):
+                left[0] -= 1
+                if error is not None or left[0] == 0:
+                    self._resolve(error)
+            for transfer in self._transfers:
+                background().watch(transfer, one_done)
+        else:
+            self.wait()
+        return self._future
+
+
+class RecvWork(Work):
+    """A receive from any source, which can tell where the message came from."""
+
+    def _source_rank(self):
+        self.wait()
+        return self._transfers[0].result
