@@ -40,7 +40,7 @@ def main(steps=40, warmup=5):
     totals = dict.fromkeys(PHASES, 0.0)
     red = ddp.reducer
     red.progress = _timed(totals, "progress_in_hooks", red.progress)
-    red._launch = _timed(totals, "launch", red._launch)
+    red._launch_ready = _timed(totals, "launch", red._launch_ready)
     red._finalize = _timed(totals, "end_of_backward", red._finalize)
     red._wait_and_copy = _timed(totals, "wait_and_copy_back", red._wait_and_copy)
     on_grad = _timed(totals, "hooks", red._on_grad)

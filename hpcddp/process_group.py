@@ -54,6 +54,7 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
         self.comm = comm
         self.cuda_aware = cuda_aware
         self.transport = Transport(comm, cuda_aware)
+        self._where = f"{comm.Get_name()} (rank {comm.rank} of {comm.size})"
         self._owns_comm = owns_comm
         self._opened()
 
@@ -101,8 +102,7 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
 
     def _submit(self, what, tensors, issue, result=None) -> Transfer:
         self._check_open()
-        name = f"{what} on {self.comm.Get_name()} (rank {self.comm.rank} of {self.comm.size})"
-        return self.transport.submit(name, tensors, issue, result)
+        return self.transport.submit(f"{what} on {self._where}", tensors, issue, result)
 
     def _work(self, transfers, result, cls=Work):
         return cls(transfers, result)
@@ -119,8 +119,8 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
             if avg:
                 tensor.div_(self.comm.size)
             self._check_open()
-            transfers.append(self.transport.allreduce(tensor, name, name=_label(
-                f"allreduce ({name})", tensor, self.comm)))
+            transfers.append(self.transport.allreduce(
+                tensor, name, name=f"{_label(f'allreduce ({name})', tensor)} on {self._where}"))
         return self._work(transfers, list(tensors))
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -146,9 +146,9 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
         opts = opts or dist.BroadcastOptions()
         root = opts.rootRank
         self._check_open()
-        transfers = [self.transport.broadcast(t, root, _label(f"broadcast from rank {root}", t,
-                                                              self.comm))
-                     for t in tensors]
+        transfers = [self.transport.broadcast(
+            t, root, f"{_label(f'broadcast from rank {root}', t)} on {self._where}")
+            for t in tensors]
         return self._work(transfers, list(tensors))
 
     def _allgather_one(self, output, tensor, then=None):
@@ -289,9 +289,8 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
     all_to_all_single = alltoall_base
 
 
-def _label(what, tensor, comm=None):
-    where = f" on {comm.Get_name()}" if comm is not None else ""
-    return f"{what} of {tensor.numel()} {str(tensor.dtype).replace('torch.', '')}{where}"
+def _label(what, tensor):
+    return f"{what} of {tensor.numel()} {str(tensor.dtype)[6:]}"
 
 
 class _StatusRequest:

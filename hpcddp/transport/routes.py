@@ -18,9 +18,8 @@ __all__ = ["Binding", "DeviceRoute", "HostRoute", "Route", "host_array"]
 
 
 def host_array(tensor: torch.Tensor):
-    """Return ``(array, kind)``: a NumPy view of a contiguous CPU tensor, and how MPI
-    must read it (``BFLOAT16``, ``BOOL`` or None)."""
-    tensor = tensor.detach()
+    """Return ``(array, kind)``: a NumPy view of a contiguous, detached CPU tensor, and
+    how MPI must read it (``BFLOAT16``, ``BOOL`` or None)."""
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy().view("uint16"), BFLOAT16
     if tensor.dtype == torch.bool:

@@ -303,4 +303,4 @@ class Transport:
 
 
 def _dtype(tensor) -> str:
-    return str(tensor.dtype).replace("torch.", "")
+    return str(tensor.dtype)[6:]
