@@ -64,6 +64,11 @@ class StagedRoute(Route):
         """Pinned bytes held for slots."""
         return sum(buffer.capacity for buffer in self._slots.values())
 
+    @property
+    def spares(self) -> int:
+        """Spare buffers waiting for the next one-off operation."""
+        return len(self._spares)
+
     def _borrow(self):
         buffer = self._spares.pop() if self._spares else HostBuffer(pinned=self.pinned)
 

@@ -237,3 +237,35 @@ def test_cpu_tensors_go_to_mpi_from_their_own_memory():
 def test_pinning_without_cuda_says_why():
     with pytest.raises(RuntimeError, match="pinned host memory needs CUDA"):
         HostBuffer(pinned=True).get(4, torch.float32)
+
+
+def test_one_off_staged_operations_borrow_a_spare_buffer_and_give_it_back(cuda):
+    t = transport(cuda)
+    first = t.allreduce(torch.arange(4, dtype=torch.float32), route=t.staged)
+    assert t.staged.spares == 0, "lent while in flight"
+    assert torch.equal(first.wait(), torch.arange(4, dtype=torch.float32))
+    assert t.staged.spares == 1, "given back once complete"
+    host = first.pieces[0].bindings[0].host
+    second = t.allreduce(torch.ones(3), route=t.staged)
+    assert second.pieces[0].bindings[0].host.data_ptr() == host.data_ptr(), "not pinned again"
+    second.wait()
+
+
+def test_staged_output_waits_for_earlier_copies_on_the_side_stream(cuda):
+    # MPI only writes an output, but the host memory may still be read by the copy back
+    # of an earlier operation queued on the side stream: it gets a side-stream event too.
+    t = transport(cuda)
+    [binding] = t.staged.bind(torch.zeros(3), read=False, write=True, slot=0)
+    assert binding.ready is not None
+    assert ("record", binding.ready.name, "side") in cuda.log
+
+
+def test_a_transfer_that_times_out_names_itself_and_stays_pending(cuda):
+    from hpcddp.comm import HandleTimeout
+    t = transport(cuda)
+    transfer = t.allreduce(torch.ones(2), route=t.device, name="DDP bucket 7")
+    with pytest.raises(HandleTimeout, match="DDP bucket 7 did not complete within 0.05 s"):
+        transfer.wait(timeout=0.05)  # its producer's event never completes
+    assert not transfer.done and t.pending() == 1
+    transfer.ready.done = True
+    assert torch.equal(transfer.wait(timeout=5), torch.ones(2))
