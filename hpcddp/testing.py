@@ -39,8 +39,10 @@ def pytest_report_header(config):
 
 def _abort(what, text):
     from hpcddp.comm.abort import abort_job
+    from hpcddp.runtime import get_world
 
-    abort_job(_state["world"].comm, f"{what} FAILED; aborting all ranks so none waits forever",
+    # The world of now: a test may have shut hpcddp down and initialized it again.
+    abort_job(get_world().comm, f"{what} FAILED; aborting all ranks so none waits forever",
               detail=text + "\n")
 
 

@@ -33,6 +33,14 @@ def test_failing_test_on_one_rank_ends_the_pytest_job(run_job):
     assert "deliberate assertion failure on rank one" in job.output
 
 
+def test_failing_test_after_a_reinit_still_ends_the_job(run_job):
+    job = run_job(["-m", "pytest", "-q", "-p", "hpcddp.testing",
+                   "tests/jobs/scripts/case_fails_after_reinit.py"], n=2, timeout=90)
+    assert job.returncode != 0 and not job.timed_out
+    assert job.seconds < 30, f"took {job.seconds:.1f}s to fail"
+    assert "rank 1 of 2" in job.stderr and "after a re-init" in job.output
+
+
 @pytest.mark.parametrize("variable, fix", [
     ("SLURM_STEP_NUM_TASKS", "srun --mpi=pmi2"),
     ("OMPI_COMM_WORLD_SIZE", "different MPI"),
