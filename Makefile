@@ -10,7 +10,7 @@ STAMP   := $(VENV)/.hpcddp-installed
 MPI_TIMEOUT := timeout -k 10 900
 PYTEST  := $(PY) -m pytest -q
 
-.PHONY: venv tools demo test test-unit test-mpi test-slurm test-phdf5 clean
+.PHONY: venv tools demo test test-unit test-mpi test-slurm test-phdf5 cuda-mpi clean
 
 $(STAMP): setup.cfg pyproject.toml constraints-dev.txt
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
@@ -40,9 +40,16 @@ test-unit: venv tools
 test-slurm: venv
 	$(PYTEST) tests/slurm
 
+# The DDP and torch.distributed tests run again with hpcddp's ring instead of MPI's
+# Iallreduce (HPCDDP_REDUCE=ring), against the same independent references.
+RING_TESTS := tests/mpi/test_ring.py tests/mpi/test_ddp_vs_single.py tests/mpi/test_ddp_vs_torch.py \
+              tests/mpi/test_ddp_behaviour.py tests/mpi/test_process_group.py tests/mpi/test_checkpoint.py
+
 test-mpi: venv
 	$(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m pytest -p hpcddp.testing tests/mpi
 	$(MPI_TIMEOUT) $(MPIEXEC) -n 3 $(PY) -m pytest -p hpcddp.testing tests/mpi
+	HPCDDP_REDUCE=ring $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m pytest -p hpcddp.testing $(RING_TESTS)
+	HPCDDP_REDUCE=ring $(MPI_TIMEOUT) $(MPIEXEC) -n 3 $(PY) -m pytest -p hpcddp.testing $(RING_TESTS)
 
 # The slow target: h5py built against Debian's parallel HDF5 and MPICH, in its own venv
 # (never mixed with the mpich wheel), for the loader's 'mpio' backend. About 6-7 minutes
@@ -67,6 +74,12 @@ $(PHDF5_STAMP): setup.cfg pyproject.toml constraints-dev.txt
 test-phdf5: $(PHDF5_STAMP)
 	$(MPI_TIMEOUT) /usr/bin/mpiexec.mpich -n 2 $(PHDF5_PY) -m pytest -p hpcddp.testing tests/mpi/test_data.py
 	$(MPI_TIMEOUT) /usr/bin/mpiexec.mpich -n 3 $(PHDF5_PY) -m pytest -p hpcddp.testing tests/mpi/test_data.py
+
+# A CUDA-aware Open MPI (Debian's 4.1.4 source, UCX with CUDA from PyPI, the CUDA toolkit
+# at CUDA_HOME), built here and carried to a GPU machine: build/cuda-mpi.tar.xz.
+# About half an hour on 2 cores; not part of `make test`.
+cuda-mpi: venv
+	bash benchmarks/cuda_mpi.sh
 
 clean:
 	rm -rf $(VENV) $(PHDF5_VENV) build *.egg-info .pytest_cache

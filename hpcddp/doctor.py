@@ -43,6 +43,7 @@ def rank_report(world) -> Dict[str, object]:
         "mpi_standard": "%d.%d" % MPI.Get_version(), "launcher": world.launcher,
         "thread_level": world.thread_level,
         "cuda_aware": world.cuda_aware, "cuda_aware_reason": world.cuda_aware_reason,
+        "reduction": world.reduction, "reduction_reason": world.reduction_reason,
         "h5py": h5py.__version__, "h5py_mpi": bool(h5py.get_config().mpi),
         "hpcddp": hpcddp.__version__, "torch": torch.__version__,
         "mpi4py": mpi4py.__version__, "python": platform.python_version(),
@@ -122,7 +123,8 @@ def _print_table(reports, out):
                ("device", "device"), ("threads", "threads"), ("MPI", "mpi_library"),
                ("std", "mpi_standard"), ("launcher", "launcher"),
                ("thread level", "thread_level"), ("CUDA-aware", "cuda_aware"),
-               ("why", "cuda_aware_reason"), ("h5py", "h5py"), ("h5py MPI", "h5py_mpi")]
+               ("why", "cuda_aware_reason"), ("allreduce", "reduction"),
+               ("h5py", "h5py"), ("h5py MPI", "h5py_mpi")]
     table = [[str(r[key]) for _, key in columns] for r in reports]
     widths = [max(len(h), *(len(row[i]) for row in table)) for i, (h, _) in enumerate(columns)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
@@ -169,6 +171,7 @@ def main(argv=None) -> int:
                 print(f"  {_fmt_bytes(nbytes):>9}  {seconds * 1e3:9.3f} ms  {busbw:8.2f} GB/s")
         elif world.size < 2:
             print("\nallreduce bandwidth: skipped, world size is 1")
+        print(f"\nallreduce: {reports[0]['reduction_reason']}")
         for note in find_advice(reports):
             print(f"NOTE: {note}")
         for problem in problems:

@@ -41,6 +41,7 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
     Args:
         comm: the communicator; group rank and size are its rank and size.
         cuda_aware: hand CUDA tensors to MPI as device buffers.
+        reduction: how allreduces are carried out, ``"mpi"`` or ``"ring"``.
         owns_comm: ``close()`` frees ``comm`` (a duplicate made for this group).
 
     ``dist.destroy_process_group`` closes it; ``close()`` does the same by hand.
@@ -48,12 +49,13 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
 
     _what = "hpcddp process group"
 
-    def __init__(self, comm, cuda_aware: bool = False, owns_comm: bool = False):
+    def __init__(self, comm, cuda_aware: bool = False, owns_comm: bool = False,
+                 reduction: str = "mpi"):
         super().__init__(comm.rank, comm.size)
         self._hpcddp_name = self._hpcddp_desc = ""
         self.comm = comm
         self.cuda_aware = cuda_aware
-        self.transport = Transport(comm, cuda_aware)
+        self.transport = Transport(comm, cuda_aware, reduction=reduction)
         self._where = f"{comm.Get_name()} (rank {comm.rank} of {comm.size})"
         self._owns_comm = owns_comm
         self._opened()
@@ -356,7 +358,8 @@ def register_backend(world_provider: Callable[[], object]) -> None:
         else:
             comm = world.comm.Create_group(world.comm.group.Incl(ranks))
         comm.Set_name(f"hpcddp.torch.{options.group_id}")
-        return MPIProcessGroup(comm, world.cuda_aware, owns_comm=True)
+        return MPIProcessGroup(comm, world.cuda_aware, owns_comm=True,
+                               reduction=world.reduction)
 
     if not hasattr(dist.Backend, BACKEND.upper()):
         dist.Backend.register_backend(BACKEND, create, extended_api=True,

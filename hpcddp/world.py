@@ -17,9 +17,10 @@ from mpi4py import MPI
 from hpcddp.comm.agree import decide_on_root
 from hpcddp.comm.cuda_aware import detect_cuda_aware
 from hpcddp.comm.lifetime import Closable, free_comm
+from hpcddp.comm.ranks import by_value, ranks_text
 from hpcddp.comm.threads import thread_level_name
 from hpcddp.comm.topology import clone_comm, node_layout
-from hpcddp.env import check_not_singleton, detect_launcher, get_setting
+from hpcddp.env import ConfigError, check_not_singleton, detect_launcher, get_setting
 
 __all__ = ["World", "device_index", "device_self_test"]
 
@@ -92,6 +93,8 @@ class World(Closable):
         local_comm: the node-local communicator.
         device: the ``torch.device`` this rank computes on.
         cuda_aware: whether MPI is given CUDA device buffers; ``cuda_aware_reason`` says why.
+        reduction: how allreduces are carried out, ``"mpi"`` (MPI's ``Iallreduce``) or
+            ``"ring"`` (hpcddp's ring of point-to-point); ``reduction_reason`` says why.
         is_main: true on rank 0, the rank that prints and writes.
         launcher: the launcher that started this process, as text.
         num_threads: torch's intra-op thread count on this rank.
@@ -124,7 +127,32 @@ class World(Closable):
         self.cuda_aware, self.cuda_aware_reason = aware.aware, aware.reason
         if aware.aware and override is None and torch.cuda.is_available():
             self._confirm_cuda_aware()
+        self._choose_reduction(get_setting("REDUCE"))
         self._opened()
+
+    def _choose_reduction(self, setting: str) -> None:
+        """Apply ``HPCDDP_REDUCE``: the allreduce algorithm, and staging when asked for.
+
+        .. warning:: Collective: ranks on different algorithms would never match.
+        """
+        seen = by_value(self.comm.allgather(setting))
+        if len(seen) > 1:
+            said = "; ".join(f"{value} on ranks {ranks_text(ranks)}" for value, ranks in seen)
+            raise ConfigError(f"HPCDDP_REDUCE differs between ranks ({said}); ranks reducing "
+                              f"by different algorithms would wait for each other forever. "
+                              f"Set the same value for every rank")
+        self.reduction = "ring" if setting == "ring" else "mpi"
+        if setting == "staged" and self.cuda_aware:
+            self.cuda_aware = False
+            self.cuda_aware_reason += "; HPCDDP_REDUCE=staged: staging through host memory"
+        where = "device buffers" if self.cuda_aware and self.device.type == "cuda" else \
+            "pinned host buffers" if self.device.type == "cuda" else "host buffers"
+        if setting == "ring":
+            self.reduction_reason = f"HPCDDP_REDUCE=ring: hpcddp's ring on {where}"
+        elif setting in ("mpi", "staged"):
+            self.reduction_reason = f"HPCDDP_REDUCE={setting}: MPI's Iallreduce on {where}"
+        else:
+            self.reduction_reason = f"HPCDDP_REDUCE=auto: MPI's Iallreduce on {where}"
 
     def _confirm_cuda_aware(self) -> None:
         """Run the device-buffer self-test once (rank 0) and fall back to staging if it fails.
@@ -161,4 +189,4 @@ class World(Closable):
         return (f"World(rank={self.rank}, size={self.size}, local_rank={self.local_rank}, "
                 f"local_size={self.local_size}, node_rank={self.node_rank}, "
                 f"num_nodes={self.num_nodes}, device={self.device}, "
-                f"cuda_aware={self.cuda_aware})")
+                f"cuda_aware={self.cuda_aware}, reduction={self.reduction})")

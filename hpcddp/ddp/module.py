@@ -136,7 +136,8 @@ class DistributedDataParallel(nn.Module, lifetime.Closable):
                                    find_unused_parameters, static_graph,
                                    gradient_as_bucket_view, world.cuda_aware,
                                    progress_thread=get_setting("PROGRESS_THREAD"),
-                                   staging_chunk_bytes=get_setting("STAGING_CHUNK_KB") << 10)
+                                   staging_chunk_bytes=get_setting("STAGING_CHUNK_KB") << 10,
+                                   reduction=world.reduction)
         except BaseException:
             self.close()  # the checks raise on every rank, so this is collective too
             raise

@@ -76,11 +76,12 @@ class Reducer:
         progress_thread: run a ``_ProgressPump`` during backward (``HPCDDP_PROGRESS_THREAD``).
         staging_chunk_bytes: staged GPU buckets travel in pieces of this size, 0 whole
             (``HPCDDP_STAGING_CHUNK_KB``).
+        reduction: ``"mpi"`` or ``"ring"`` (``World.reduction``).
     """
 
     def __init__(self, named_params, comm, control, cap_bytes, find_unused_parameters=False,
                  static_graph=False, gradient_as_bucket_view=False, cuda_aware=False,
-                 progress_thread=False, staging_chunk_bytes=4 << 20):
+                 progress_thread=False, staging_chunk_bytes=4 << 20, reduction="mpi"):
         self.names = [name for name, _ in named_params]
         self.params = [param for _, param in named_params]
         self.comm, self.control = comm, control
@@ -88,7 +89,8 @@ class Reducer:
         self.find_unused = find_unused_parameters
         self.as_view = gradient_as_bucket_view
         self.cuda_aware = cuda_aware
-        self.transport = Transport(comm, cuda_aware, chunk_bytes=staging_chunk_bytes)
+        self.transport = Transport(comm, cuda_aware, chunk_bytes=staging_chunk_bytes,
+                                   reduction=reduction)
         self.hook = AllreduceMean(self.transport)
         self.progress_thread = progress_thread
         self._pump: Optional[_ProgressPump] = None

@@ -19,9 +19,10 @@ class ConfigError(ValueError):
 
 
 class _Setting(NamedTuple):
-    kind: str  # "bool", "tristate" (bool or "auto"), "int", "str"
+    kind: str  # "bool", "tristate" (bool or "auto"), "int", "str", "choice"
     default: Union[bool, int, str, None]
     help: str
+    choices: tuple = ()
 
 
 _SETTINGS = {
@@ -45,6 +46,13 @@ _SETTINGS = {
         "bool", False,
         "During backward, a helper thread enters MPI's progress engine about every "
         "millisecond, in addition to the Test calls made at every gradient hook."),
+    "REDUCE": _Setting(
+        "choice", "auto",
+        "How gradients and dist.all_reduce are summed. auto: MPI's own allreduce, on device "
+        "buffers where the MPI is proven to reduce them; mpi: MPI's allreduce; ring: "
+        "hpcddp's ring of non-blocking point-to-point (device buffers where MPI is "
+        "CUDA-aware, host buffers otherwise); staged: GPU tensors through pinned host "
+        "memory and MPI's allreduce.", ("auto", "mpi", "ring", "staged")),
     "STAGING_CHUNK_KB": _Setting(
         "int", 4096,
         "Without CUDA-aware MPI, GPU buckets are staged through pinned host memory in "
@@ -85,6 +93,11 @@ def get_setting(name: str, environ: Optional[Mapping[str, str]] = None):
             return None
         allowed = "1/0, true/false, yes/no, on/off" + (", auto" if spec.kind == "tristate" else "")
         raise ConfigError(f"{var}={raw!r} is not a boolean; use one of {allowed}")
+    if spec.kind == "choice":
+        if value in spec.choices:
+            return value
+        raise ConfigError(f"{var}={raw!r} is not one of {', '.join(spec.choices)}; e.g. "
+                          f"{var}={spec.choices[0]}")
     if spec.kind == "int":
         try:
             number = int(value)

@@ -35,19 +35,22 @@ class Binding:
         buf: what MPI reads or writes.
         kind: ``BFLOAT16`` or ``BOOL`` where MPI sees raw words, else None.
         host: the pinned host copy MPI works on, for a staged tensor; else None.
+        memory: the contiguous tensor whose memory ``buf`` is (the tensor itself, a
+            contiguous copy, or ``host``): what a ring reduces with torch kernels.
         ready: an event after which MPI may touch ``buf``; None: at once.
         finish: after MPI has completed, brings the result into ``tensor``; returns the
             stream it queued that work on (the consumer must wait for it), or None.
         release: called once the whole operation is over (returns a borrowed buffer).
     """
 
-    __slots__ = ("tensor", "buf", "kind", "host", "ready", "finish", "release")
+    __slots__ = ("tensor", "buf", "kind", "host", "ready", "finish", "release", "memory")
 
     def __init__(self, tensor, buf, kind=None, host=None, ready=None,
                  finish: Optional[Callable[[], object]] = None,
-                 release: Optional[Callable[[], None]] = None):
+                 release: Optional[Callable[[], None]] = None, memory=None):
         self.tensor, self.buf, self.kind, self.host = tensor, buf, kind, host
         self.ready, self.finish, self.release = ready, finish, release
+        self.memory = memory if memory is not None else (host if host is not None else tensor)
 
     def is_ready(self) -> bool:
         return self.ready is None or self.ready.query()
@@ -100,7 +103,8 @@ class HostRoute(Route):
 
         def finish():
             tensor.copy_(work)
-        return [Binding(tensor, *host_array(work), finish=finish if write else None)]
+        return [Binding(tensor, *host_array(work), finish=finish if write else None,
+                        memory=work)]
 
 
 class DeviceRoute(Route):
@@ -123,4 +127,4 @@ class DeviceRoute(Route):
                 with self.cuda.stream(stream):
                     tensor.copy_(work)
                 return stream
-        return [Binding(tensor, buf, kind, ready=produced, finish=finish)]
+        return [Binding(tensor, buf, kind, ready=produced, finish=finish, memory=work)]

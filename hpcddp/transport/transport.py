@@ -19,7 +19,7 @@ import torch
 from mpi4py import MPI
 
 from hpcddp.comm.handle import Handle
-from hpcddp.comm.ops import mpi_op
+from hpcddp.transport.reductions import REDUCTIONS, Reduction
 from hpcddp.transport.routes import Binding, DeviceRoute, HostRoute, Route
 from hpcddp.transport.staging import StagedRoute
 
@@ -158,6 +158,8 @@ class Transport:
         cuda: the CUDA API (``torch.cuda``); unit tests of the ordering pass a stand-in.
         pinned: page-lock the staging buffers (off only where there is no CUDA).
         chunk_bytes: staged allreduces travel in pieces of about this size (0: whole).
+        reduction: how an allreduce is carried out: ``"mpi"`` (MPI's ``Iallreduce``) or
+            ``"ring"`` (hpcddp's ring of point-to-point, ``ring.py``).
 
     Example::
 
@@ -168,9 +170,12 @@ class Transport:
     """
 
     def __init__(self, comm, cuda_aware: bool = False, cuda=torch.cuda, pinned: bool = True,
-                 chunk_bytes: int = 4 << 20):
+                 chunk_bytes: int = 4 << 20, reduction: str = "mpi"):
         self.comm, self.cuda_aware, self.cuda = comm, cuda_aware, cuda
         self.chunk_bytes = chunk_bytes
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction={reduction!r}; use one of {sorted(REDUCTIONS)}")
+        self.reduction: Reduction = REDUCTIONS[reduction](comm, cuda)
         self.host = HostRoute(cuda)
         self.device = DeviceRoute(cuda)
         self.staged = StagedRoute(cuda, pinned=pinned)
@@ -185,8 +190,9 @@ class Transport:
         """The route for ``tensor``: host memory, device memory, or staged."""
         if not tensor.is_cuda:
             return self.host
-        # The bf16 sum is a user-defined MPI operation that runs on the host.
-        if self.cuda_aware and tensor.dtype != torch.bfloat16:
+        # MPI's bf16 sum is a user-defined operation that runs on the host; the ring sums
+        # bf16 with torch kernels where the data is.
+        if self.cuda_aware and (tensor.dtype != torch.bfloat16 or self.reduction.name == "ring"):
             return self.device
         return self.staged
 
@@ -211,10 +217,14 @@ class Transport:
         bindings = route.bind(tensor, read=True, write=True, slot=slot,
                               chunk_bytes=self.chunk_bytes)
         name = name or f"allreduce ({op}) of {tensor.numel()} {_dtype(tensor)}"
+        reduction = self.reduction
 
-        def issue(binding):
-            return self.comm.Iallreduce(MPI.IN_PLACE, binding.buf, op=mpi_op(op, binding.kind))
-        return self._start(route, name, [([b], issue) for b in bindings], tensor)
+        def issuer(piece):
+            # Pieces of one slot are in flight together: each keeps scratch of its own.
+            key = None if slot is None else (slot, piece)
+            return lambda binding: reduction.start(binding, op, key)
+        return self._start(route, name, [([b], issuer(k)) for k, b in enumerate(bindings)],
+                           tensor)
 
     def broadcast(self, tensor: torch.Tensor, root: int = 0,
                   name: Optional[str] = None) -> Transfer:

@@ -38,3 +38,11 @@ def test_bad_values_are_quoted_in_the_error(name, raw):
 def test_every_setting_is_described():
     names = [row[0] for row in describe_settings()]
     assert "HPCDDP_CUDA_AWARE" in names and all(row[3] for row in describe_settings())
+
+
+def test_a_choice_is_read_case_insensitively_and_a_wrong_one_quoted():
+    assert get_setting("REDUCE", {}) == "auto"
+    assert get_setting("REDUCE", {"HPCDDP_REDUCE": " Ring "}) == "ring"
+    with pytest.raises(ConfigError, match="HPCDDP_REDUCE='tree' is not one of auto, mpi, "
+                                          "ring, staged"):
+        get_setting("REDUCE", {"HPCDDP_REDUCE": "tree"})

@@ -1,0 +1,97 @@
+"""How an allreduce is carried out once its buffer is ready: one class per algorithm.
+
+- ``MPIAllreduce``: MPI's own non-blocking ``Iallreduce`` on the buffer MPI was given.
+- ``RingAllreduce``: hpcddp's ring of non-blocking point-to-point (``ring.py``) on the
+  tensor behind it, combined by torch kernels: for MPIs whose device ``Iallreduce``
+  crashes (Open MPI's libnbc) or whose host ``Iallreduce`` is slow.
+
+Both return a request: something with ``Test()`` and ``Wait()``.
+"""
+
+from typing import Dict
+
+import torch
+from mpi4py import MPI
+
+from hpcddp.comm.ops import mpi_op
+from hpcddp.transport.ring import Ring
+
+__all__ = ["MPIAllreduce", "Reduction", "RingAllreduce", "REDUCTIONS"]
+
+_TAGS = 1 << 14  # the ring's tags: the top of the tag space, away from users' tags
+
+
+class Reduction:
+    """An allreduce algorithm on one communicator."""
+
+    name = "reduction"
+
+    def __init__(self, comm, cuda=torch.cuda):
+        self.comm, self.cuda = comm, cuda
+
+    def start(self, binding, op: str, slot=None):
+        """Start reducing ``binding`` (a ``routes.Binding``) in place; return a request."""
+        raise NotImplementedError
+
+
+class MPIAllreduce(Reduction):
+    """MPI's ``Iallreduce``."""
+
+    name = "mpi"
+
+    def start(self, binding, op, slot=None):
+        return self.comm.Iallreduce(MPI.IN_PLACE, binding.buf, op=mpi_op(op, binding.kind))
+
+
+class RingAllreduce(Reduction):
+    """The ring: reduce-scatter then allgather over non-blocking point-to-point.
+
+    Args:
+        comm: the communicator; its point-to-point traffic at the top of the tag space is
+            the ring's.
+        cuda: the CUDA API.
+        slice_bytes: each slice of a buffer runs a ring of its own.
+    """
+
+    name = "ring"
+
+    def __init__(self, comm, cuda=torch.cuda, slice_bytes: int = 1 << 20):
+        super().__init__(comm, cuda)
+        self.slice_bytes = slice_bytes
+        top = comm.Get_attr(MPI.TAG_UB) or 32767
+        self._first_tag = max(0, top - _TAGS)
+        self._next = 0
+        self._scratch: Dict[object, torch.Tensor] = {}
+
+    def _tag(self, count: int) -> int:
+        # Every rank starts rings in the same order, so the same ring gets the same tags.
+        if self._next + count > _TAGS:
+            self._next = 0
+        tag, self._next = self._first_tag + self._next, self._next + count
+        return tag
+
+    def _scratch_for(self, data: torch.Tensor, slot) -> torch.Tensor:
+        """Scratch space per slot, allocated once and only grown (a slot's rings run one
+        at a time); one-off rings get their own."""
+        need = Ring.scratch_elements(data.numel(), self.comm.size, self.slice_bytes,
+                                     data.element_size())
+        key = (slot, data.dtype, data.device)
+        held = self._scratch.get(key) if slot is not None else None
+        if held is None or held.numel() < need:
+            held = torch.empty(need, dtype=data.dtype, device=data.device)
+            if slot is not None:
+                self._scratch[key] = held
+        return held
+
+    def start(self, binding, op, slot=None):
+        data = binding.memory.reshape(-1)
+        ring = Ring(self.comm, data, op, 0, self._scratch_for(data, slot), self.slice_bytes,
+                    self.cuda)
+        tag = self._tag(len(ring.slices))
+        for k, part in enumerate(ring.slices):
+            part.tag = tag + k
+        ring.Test()  # the first messages go out now
+        return ring
+
+
+REDUCTIONS = {cls.name: cls for cls in (MPIAllreduce, RingAllreduce)}
