@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import hpcddp
+from hpcddp.transport.reductions import RingAllreduce
 from common import make_gloo_group, median_ms, timed, write
 
 
@@ -97,6 +98,10 @@ def bench_model(name, world, gloo, steps, caps, device):
         whole = hpcddp.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=25)
         whole.reducer.transport.chunk_bytes = 0  # as HPCDDP_STAGING_CHUNK_KB=0
         variants["hpcddp_staged_whole"] = _stepper(whole)
+    # hpcddp's ring of point-to-point instead of MPI's Iallreduce (HPCDDP_REDUCE=ring).
+    ringed = hpcddp.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=25)
+    ringed.reducer.transport.reduction = RingAllreduce(ringed.reducer.comm)
+    variants["hpcddp_ring"] = _stepper(ringed)
     threaded = hpcddp.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=25)
     threaded.reducer.progress_thread = True
     variants["hpcddp_progress_thread"] = _stepper(threaded)
@@ -119,6 +124,7 @@ def bench_model(name, world, gloo, steps, caps, device):
         "model": name, "grad_bytes": grad_bytes, "step_ms": ms, "exposed_comm_ms": exposed,
         "gradient_memory_bytes": memory,
         "hpcddp_vs_torch_ddp": ms["hpcddp"] / ms["torch_ddp_gloo"],
+        "hpcddp_ring_vs_torch_ddp": ms["hpcddp_ring"] / ms["torch_ddp_gloo"],
         "hpcddp_exposed_vs_raw_allreduce": exposed["hpcddp"] / ms["raw_allreduce"],
     }
     if world.is_main:

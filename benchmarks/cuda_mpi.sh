@@ -87,7 +87,7 @@ ENV
 # 5. mpi4py built against it, as a wheel the GPU machine installs with no network.
 if ! ls "$OUT"/wheels/mpi4py-*.whl >/dev/null 2>&1; then
   (source "$OUT/env.sh" && MPICC="$OUT/openmpi/bin/mpicc" \
-     "$PY" -m pip wheel -q --no-deps --no-binary mpi4py -w "$OUT/wheels" mpi4py)
+     "$PY" -m pip wheel -q --no-cache-dir --no-deps --no-binary mpi4py -w "$OUT/wheels" mpi4py)
 fi
 
 # 6. Proof, and the size to carry.
