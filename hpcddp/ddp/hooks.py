@@ -32,4 +32,4 @@ class AllreduceMean:
         return self.transport.allreduce(
             buffer, slot=bucket.index(), route=bucket.route,
             name=f"DDP bucket {bucket.index()} ({buffer.numel()} {buffer.dtype}, "
-                 f"{len(bucket.parameters())} parameters)")
+                 f"{len(bucket.layout.params)} parameters)")

@@ -85,11 +85,9 @@ class RingAllreduce(Reduction):
 
     def start(self, binding, op, slot=None):
         data = binding.memory.reshape(-1)
-        ring = Ring(self.comm, data, op, 0, self._scratch_for(data, slot), self.slice_bytes,
+        tag = self._tag(Ring.slice_count(data.numel(), self.slice_bytes, data.element_size()))
+        ring = Ring(self.comm, data, op, tag, self._scratch_for(data, slot), self.slice_bytes,
                     self.cuda)
-        tag = self._tag(len(ring.slices))
-        for k, part in enumerate(ring.slices):
-            part.tag = tag + k
         ring.Test()  # the first messages go out now
         return ring
 

@@ -21,6 +21,8 @@ from typing import List, Optional
 import torch
 from mpi4py import MPI
 
+from hpcddp.transport.routes import slice_bounds
+
 __all__ = ["Ring", "ring_bounds"]
 
 
@@ -134,7 +136,8 @@ class Ring:
         comm: the communicator.
         data: a contiguous 1-D tensor (CPU or CUDA) holding this rank's values.
         op: sum, product, min, max, band, bor or bxor.
-        tag: the first of ``len(slices)`` tags no other message on ``comm`` uses now.
+        tag: the first of ``Ring.slice_count(...)`` tags no other message on ``comm`` uses
+            now.
         scratch: a tensor like ``data`` of at least one chunk per slice; received
             chunks land here before they are combined.
         slice_bytes: the size of each slice's ring.
@@ -148,17 +151,26 @@ class Ring:
         self.left, self.right = (self.rank - 1) % self.size, (self.rank + 1) % self.size
         self.combine = _combine(op, data.dtype)
         self.stream = cuda.current_stream(data.device) if data.is_cuda else None
-        step = max(1, slice_bytes // max(1, data.element_size()))
-        parts = ring_bounds_for_slices(data.numel(), step)
-        chunk = max(1, -(-step // self.size))
+        chunk = self.chunk_elements(self.size, slice_bytes, data.element_size())
+        parts = slice_bounds(data.numel(), data.element_size(), slice_bytes)
         self.slices = [_SliceRing(self, data[a:b], scratch[k * chunk:(k + 1) * chunk], tag + k)
                        for k, (a, b) in enumerate(parts)]
 
     @staticmethod
+    def chunk_elements(size: int, slice_bytes: int, element_size: int) -> int:
+        """The largest chunk of any slice: each slice's share of scratch."""
+        return max(1, -(-max(1, slice_bytes // max(1, element_size)) // size))
+
+    @staticmethod
+    def slice_count(numel: int, slice_bytes: int, element_size: int) -> int:
+        """How many slices (and tags) a ring of ``numel`` elements has."""
+        return len(slice_bounds(numel, element_size, slice_bytes))
+
+    @staticmethod
     def scratch_elements(numel: int, size: int, slice_bytes: int, element_size: int) -> int:
         """How many elements of scratch a ring of ``numel`` elements needs."""
-        step = max(1, slice_bytes // max(1, element_size))
-        return len(ring_bounds_for_slices(numel, step)) * max(1, -(-step // size))
+        return (Ring.slice_count(numel, slice_bytes, element_size)
+                * Ring.chunk_elements(size, slice_bytes, element_size))
 
     def Test(self) -> bool:  # noqa: N802 - the name of MPI's request method
         """Advance without blocking; True once every slice is done."""
@@ -168,8 +180,3 @@ class Ring:
         """Block until every slice is done."""
         for ring in self.slices:
             ring.advance(block=True)
-
-
-def ring_bounds_for_slices(numel: int, step: int):
-    """Slices of at most ``step`` elements covering ``numel`` (one empty slice for 0)."""
-    return [(a, min(a + step, numel)) for a in range(0, max(numel, 1), step)] if numel else [(0, 0)]

@@ -14,7 +14,16 @@ import torch
 
 from hpcddp.comm.ops import BFLOAT16, BOOL
 
-__all__ = ["Binding", "DeviceRoute", "HostRoute", "Route", "host_array"]
+__all__ = ["Binding", "DeviceRoute", "HostRoute", "Route", "host_array", "slice_bounds"]
+
+
+def slice_bounds(numel: int, element_size: int, slice_bytes: int):
+    """(start, stop) ranges of at most ``slice_bytes`` covering ``numel`` elements; one
+    range for the whole buffer when ``slice_bytes`` is 0, and one empty range for none."""
+    if slice_bytes <= 0:
+        return [(0, numel)]
+    step = max(1, slice_bytes // max(1, element_size))
+    return [(a, min(a + step, numel)) for a in range(0, max(numel, 1), step)]
 
 
 def host_array(tensor: torch.Tensor):

@@ -17,18 +17,11 @@ from typing import Dict, List
 import torch
 
 from hpcddp.pinned import HostBuffer
-from hpcddp.transport.routes import Binding, Route, host_array
+from hpcddp.transport.routes import Binding, Route, host_array, slice_bounds
 
 __all__ = ["StagedRoute"]
 
 _SPARES = 4  # spare buffers kept for one-off operations; more are dropped once returned
-
-
-def _bounds(numel: int, element_size: int, chunk_bytes: int):
-    if chunk_bytes <= 0:
-        return [(0, numel)]
-    step = max(1, chunk_bytes // element_size)
-    return [(a, min(a + step, numel)) for a in range(0, max(numel, 1), step)]
 
 
 class StagedRoute(Route):
@@ -93,7 +86,7 @@ class StagedRoute(Route):
         # Every piece gets a side-stream event even when MPI only writes: the host buffer
         # may still be read by the copy back of the previous operation on this slot.
         with self.cuda.stream(side):
-            for a, b in _bounds(work.numel(), work.element_size(), chunk_bytes):
+            for a, b in slice_bounds(work.numel(), work.element_size(), chunk_bytes):
                 part, mirror = work[a:b], host[a:b]
                 if read:
                     mirror.copy_(part, non_blocking=True)
