@@ -7,10 +7,18 @@ naming the operation when a timeout runs out. ``get_future()`` returns a
 completes the moment MPI does, so ``.then()`` chains run without anyone calling
 ``wait()``. Below ``MPI_THREAD_MULTIPLE`` no helper thread may call MPI, and
 ``get_future()`` completes the operation before it returns, with a warning.
+
+Inside a DDP communication hook (``deferred_futures``) a future is completed neither by
+the progress thread nor at once, but by ``settle`` at the end of backward, bucket by
+bucket. A hook's ``.then()`` callbacks may start further collectives (PowerSGD starts two
+per bucket), and MPI matches collectives by the order each rank issues them: callbacks
+run whenever MPI happens to finish would issue them in a different order on each rank.
+Settled in bucket order on the training thread, every rank issues the same sequence.
 """
 
 import threading
 import time
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import List, Optional
 
@@ -18,11 +26,37 @@ import torch
 import torch.distributed as dist
 
 from hpcddp.comm.handle import HandleTimeout
-from hpcddp.comm.progress import background
+from hpcddp.comm.progress import background, on_progress_thread
 from hpcddp.comm.threads import helper_threads_allowed
 from hpcddp.transport import Transfer
 
-__all__ = ["RecvWork", "Work"]
+__all__ = ["RecvWork", "Work", "deferred_futures", "settle"]
+
+_local = threading.local()  # .collect: a list while a hook runs; .settling: a bool
+
+
+@contextmanager
+def deferred_futures(collect: list):
+    """Inside, ``get_future()`` appends its work to ``collect`` and returns a future that
+    only ``settle(collect)`` completes."""
+    previous = getattr(_local, "collect", None)
+    _local.collect = collect
+    try:
+        yield collect
+    finally:
+        _local.collect = previous
+
+
+def settle(works: List["Work"]) -> None:
+    """Complete ``works`` in order on this thread; their futures' callbacks run here, and
+    any future asked for meanwhile is completed before it is returned."""
+    previous = getattr(_local, "collect", None), getattr(_local, "settling", False)
+    _local.collect, _local.settling = None, True
+    try:
+        for work in works:
+            work.wait()
+    finally:
+        _local.collect, _local.settling = previous
 
 
 def _seconds(timeout) -> Optional[float]:
@@ -86,7 +120,14 @@ class Work(dist._Work):
             if self._future is not None:
                 return self._future
             self._future = torch.futures.Future()
-        if all(transfer.done for transfer in self._transfers):
+        collect = getattr(_local, "collect", None)
+        if collect is not None:
+            collect.append(self)  # completed by settle(), in the order ranks agree on
+        elif getattr(_local, "settling", False) or on_progress_thread():
+            # A callback asks for another future (and usually waits on it at once):
+            # complete it here, since nobody else will while this thread is busy.
+            self.wait()
+        elif all(transfer.done for transfer in self._transfers):
             self._resolve(None)
         elif helper_threads_allowed("completing futures in the background",
                                     "get_future() waits for the operation first"):

@@ -15,7 +15,7 @@ from typing import Callable, List, Optional, Tuple
 from hpcddp.comm import lifetime
 from hpcddp.comm.handle import Handle
 
-__all__ = ["Progress", "background"]
+__all__ = ["Progress", "background", "on_progress_thread"]
 
 Callback = Callable[[Optional[BaseException]], None]
 
@@ -91,3 +91,9 @@ def background() -> Progress:
         if "progress" not in _background:
             _background["progress"] = Progress()
         return _background["progress"]
+
+
+def on_progress_thread() -> bool:
+    """Whether the caller runs on the progress thread (inside a completion callback)."""
+    progress = _background.get("progress")
+    return progress is not None and progress._thread is threading.current_thread()

@@ -3,14 +3,16 @@
 import warnings
 from contextlib import contextmanager
 
-from typing import List, Sequence
+from typing import Callable, List, Sequence
 
 import torch
+import torch.distributed as dist
 from mpi4py import MPI
 from torch import nn
 
 from hpcddp.comm import lifetime
-from hpcddp.ddp.buckets import DEFAULT_CAP_MB
+from hpcddp.ddp import hooks
+from hpcddp.ddp.buckets import DEFAULT_CAP_MB, FIRST_BUCKET_BYTES
 from hpcddp.ddp.reducer import Reducer
 from hpcddp.ddp.sync import broadcast_tensors, verify_same_parameters
 from hpcddp.env import get_setting
@@ -58,7 +60,8 @@ class DistributedDataParallel(nn.Module, lifetime.Closable):
             parameters and buffers from rank 0.
         process_group: an mpi4py communicator or a group made after ``hpcddp.init()``;
             the hpcddp world by default.
-        bucket_cap_mb: bucket size in MiB; ``None`` means 25, with a 1 MiB first bucket.
+        bucket_cap_mb: bucket size in MiB; ``None`` means 25, with a 1 MiB first bucket
+            (as in torch, a given cap applies to the first bucket too).
         find_unused_parameters: parameters may get no gradient in some iterations.
         check_reduction: deprecated in torch; accepted, no effect.
         gradient_as_bucket_view: ``.grad`` tensors are views into the buckets.
@@ -137,7 +140,9 @@ class DistributedDataParallel(nn.Module, lifetime.Closable):
                                    gradient_as_bucket_view, world.cuda_aware,
                                    progress_thread=get_setting("PROGRESS_THREAD"),
                                    staging_chunk_bytes=get_setting("STAGING_CHUNK_KB") << 10,
-                                   reduction=world.reduction)
+                                   reduction=world.reduction,
+                                   first_cap_bytes=(FIRST_BUCKET_BYTES if bucket_cap_mb is None
+                                                    else self.bucket_bytes_cap))
         except BaseException:
             self.close()  # the checks raise on every rank, so this is collective too
             raise
@@ -206,6 +211,39 @@ class DistributedDataParallel(nn.Module, lifetime.Closable):
             yield
         finally:
             self.require_backward_grad_sync = previous
+
+    def register_comm_hook(self, state: object, hook: Callable) -> None:
+        """Reduce each bucket with ``hook(state, bucket)`` instead of the default mean.
+
+        The contract is torch's: ``bucket`` offers ``buffer()``, ``index()``,
+        ``is_last()``, ``parameters()``, ``gradients()`` and ``set_buffer()``, and the hook
+        returns a ``torch.futures.Future`` of the reduced flat tensor; gradients reach it
+        undivided. torch's own hooks (``default_hooks``, PowerSGD, post-local SGD) run
+        unchanged on the hpcddp torch.distributed group. ``hpcddp.fp16_compress_hook`` and
+        ``hpcddp.bf16_compress_hook`` (with ``state=None``) compress inside hpcddp's
+        transport instead, with no Python callback per bucket.
+
+        The collectives a hook starts are issued during backward; futures are completed
+        at the end of backward, bucket by bucket, so collectives chained with
+        ``.then()`` are issued in the same order on every rank.
+
+        Example::
+
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+            state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=1)
+            model.register_comm_hook(state, psgd.powerSGD_hook)
+            model.register_comm_hook(None, hpcddp.fp16_compress_hook)  # or this
+        """
+        self._check_open()
+        self.reducer.set_comm_hook(state, hook)
+
+    def _register_builtin_comm_hook(self, comm_hook_type) -> None:
+        """torch's built-in hooks by type: ``ALLREDUCE`` or ``FP16_COMPRESS``."""
+        builtin = {dist.BuiltinCommHookType.ALLREDUCE: hooks.allreduce_hook,
+                   dist.BuiltinCommHookType.FP16_COMPRESS: hooks.fp16_compress_hook}
+        if comm_hook_type not in builtin:
+            raise ValueError(f"unknown built-in comm hook {comm_hook_type!r}")
+        self.reducer.set_comm_hook(None, builtin[comm_hook_type])
 
     def bucket_order(self) -> List[int]:
         """Parameter indices (of ``module.parameters()`` that require grad) in bucket order.

@@ -29,7 +29,7 @@ from hpcddp.comm.ranks import ranks_text
 from hpcddp.comm.threads import helper_threads_allowed
 from hpcddp.ddp.bucket import GradBucket
 from hpcddp.ddp.buckets import FIRST_BUCKET_BYTES, ParamSpec, assign_buckets
-from hpcddp.ddp.hooks import AllreduceMean
+from hpcddp.ddp.hooks import AllreduceMean, hook_for
 from hpcddp.transport import Transport
 
 __all__ = ["Reducer"]
@@ -77,21 +77,25 @@ class Reducer:
         staging_chunk_bytes: staged GPU buckets travel in pieces of this size, 0 whole
             (``HPCDDP_STAGING_CHUNK_KB``).
         reduction: ``"mpi"`` or ``"ring"`` (``World.reduction``).
+        first_cap_bytes: the first bucket's cap (torch: 1 MiB unless a cap is given).
     """
 
     def __init__(self, named_params, comm, control, cap_bytes, find_unused_parameters=False,
                  static_graph=False, gradient_as_bucket_view=False, cuda_aware=False,
-                 progress_thread=False, staging_chunk_bytes=4 << 20, reduction="mpi"):
+                 progress_thread=False, staging_chunk_bytes=4 << 20, reduction="mpi",
+                 first_cap_bytes=FIRST_BUCKET_BYTES):
         self.names = [name for name, _ in named_params]
         self.params = [param for _, param in named_params]
         self.comm, self.control = comm, control
-        self.cap_bytes = cap_bytes
+        self.cap_bytes, self.first_cap_bytes = cap_bytes, first_cap_bytes
         self.find_unused = find_unused_parameters
         self.as_view = gradient_as_bucket_view
         self.cuda_aware = cuda_aware
         self.transport = Transport(comm, cuda_aware, chunk_bytes=staging_chunk_bytes,
                                    reduction=reduction)
         self.hook = AllreduceMean(self.transport)
+        self.hook_state = None
+        self._hook_registered = False
         self.progress_thread = progress_thread
         self._pump: Optional[_ProgressPump] = None
         self.specs = [ParamSpec(p.numel(), p.element_size(), str(p.dtype), str(p.device))
@@ -110,8 +114,7 @@ class Reducer:
     # -- layout ------------------------------------------------------------------------
 
     def _build(self, order: Sequence[int]) -> None:
-        layouts = assign_buckets(self.specs, order, self.cap_bytes,
-                                 min(FIRST_BUCKET_BYTES, self.cap_bytes))
+        layouts = assign_buckets(self.specs, order, self.cap_bytes, self.first_cap_bytes)
         self.buckets = [GradBucket(b, len(layouts), layout, self.params)
                         for b, layout in enumerate(layouts)]
         self._where = {}
@@ -123,6 +126,14 @@ class Reducer:
                 if self.as_view and param.grad is not None:
                     bucket.views[k].copy_(param.grad)
                     param.grad = bucket.views[k]
+
+    def set_comm_hook(self, state, hook) -> None:
+        """Use ``hook(state, bucket)`` for every bucket from now on (once per reducer)."""
+        if self._hook_registered:
+            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be "
+                               "called once (as in torch's DDP)")
+        self.hook = hook_for(state, hook, self.transport)
+        self.hook_state, self._hook_registered = state, True
 
     @property
     def layouts(self):

@@ -18,10 +18,11 @@ blocks.
 
 from typing import List, Optional
 
+import numpy as np
 import torch
 from mpi4py import MPI
 
-from hpcddp.transport.routes import slice_bounds
+from hpcddp.transport.routes import alias_array, slice_bounds
 
 __all__ = ["Ring", "ring_bounds"]
 
@@ -57,9 +58,10 @@ def ring_bounds(numel: int, parts: int):
 
 def _wire(tensor: torch.Tensor):
     """The bytes of a contiguous 1-D tensor, as MPI reads and writes them."""
-    raw = tensor.view(torch.uint8) if tensor.numel() else torch.empty(0, dtype=torch.uint8,
-                                                                        device=tensor.device)
-    return raw if raw.is_cuda else raw.numpy()
+    if not tensor.is_cuda:
+        return alias_array(tensor, np.uint8)
+    return tensor.view(torch.uint8) if tensor.numel() else torch.empty(0, dtype=torch.uint8,
+                                                                         device=tensor.device)
 
 
 class _SliceRing:

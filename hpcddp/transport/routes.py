@@ -8,13 +8,16 @@ the stream that produced it, and MPI sees it only once that event has completed.
 route waits for that event, never for the whole device, so later work goes on.
 """
 
+import ctypes
 from typing import Callable, List, Optional
 
+import numpy as np
 import torch
 
 from hpcddp.comm.ops import BFLOAT16, BOOL
 
-__all__ = ["Binding", "DeviceRoute", "HostRoute", "Route", "host_array", "slice_bounds"]
+__all__ = ["Binding", "DeviceRoute", "HostRoute", "Route", "alias_array", "host_array",
+           "slice_bounds"]
 
 
 def slice_bounds(numel: int, element_size: int, slice_bytes: int):
@@ -26,14 +29,36 @@ def slice_bounds(numel: int, element_size: int, slice_bytes: int):
     return [(a, min(a + step, numel)) for a in range(0, max(numel, 1), step)]
 
 
+_NUMPY_DTYPES = {}
+
+
+def alias_array(tensor: torch.Tensor, dtype=None) -> np.ndarray:
+    """A flat NumPy array over a contiguous CPU tensor's memory, of ``dtype`` (the
+    tensor's own by default), that torch does not know of.
+
+    ``Tensor.numpy()`` would mark the tensor's storage unresizable for good, and hooks
+    resize bucket buffers (torch's batched PowerSGD does). The caller keeps ``tensor``
+    alive for as long as the array is used.
+    """
+    if dtype is None:
+        dtype = _NUMPY_DTYPES.get(tensor.dtype)
+        if dtype is None:
+            dtype = _NUMPY_DTYPES[tensor.dtype] = torch.empty(0, dtype=tensor.dtype).numpy().dtype
+    nbytes = tensor.numel() * tensor.element_size()
+    if nbytes == 0:
+        return np.empty(0, dtype=dtype)
+    raw = (ctypes.c_uint8 * nbytes).from_address(tensor.data_ptr())
+    return np.frombuffer(raw, dtype=dtype)
+
+
 def host_array(tensor: torch.Tensor):
-    """Return ``(array, kind)``: a NumPy view of a contiguous, detached CPU tensor, and
-    how MPI must read it (``BFLOAT16``, ``BOOL`` or None)."""
+    """Return ``(array, kind)``: a flat NumPy alias of a contiguous, detached CPU tensor
+    (``alias_array``), and how MPI must read it (``BFLOAT16``, ``BOOL`` or None)."""
     if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy().view("uint16"), BFLOAT16
+        return alias_array(tensor, np.uint16), BFLOAT16
     if tensor.dtype == torch.bool:
-        return tensor.view(torch.uint8).numpy(), BOOL
-    return tensor.numpy(), None
+        return alias_array(tensor, np.uint8), BOOL
+    return alias_array(tensor), None
 
 
 class Binding:

@@ -176,6 +176,7 @@ class Transport:
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction={reduction!r}; use one of {sorted(REDUCTIONS)}")
         self.reduction: Reduction = REDUCTIONS[reduction](comm, cuda)
+        self._ring16: Optional[Reduction] = None  # made on first use
         self.host = HostRoute(cuda)
         self.device = DeviceRoute(cuda)
         self.staged = StagedRoute(cuda, pinned=pinned)
@@ -217,7 +218,7 @@ class Transport:
         bindings = route.bind(tensor, read=True, write=True, slot=slot,
                               chunk_bytes=self.chunk_bytes)
         name = name or f"allreduce ({op}) of {tensor.numel()} {_dtype(tensor)}"
-        reduction = self.reduction
+        reduction = self._reduction_for(tensor, route)
 
         def issuer(piece):
             # Pieces of one slot are in flight together: each keeps scratch of its own.
@@ -225,6 +226,20 @@ class Transport:
             return lambda binding: reduction.start(binding, op, key)
         return self._start(route, name, [([b], issuer(k)) for k, b in enumerate(bindings)],
                            tensor)
+
+    def _reduction_for(self, tensor: torch.Tensor, route: Route) -> Reduction:
+        """The ring for 16-bit floats in host memory, else this transport's reduction.
+
+        MPI reduces float16 and bfloat16 in software, element by element: MPICH takes
+        68 ms to sum 12 MiB of float16 across 2 ranks, where 24 MiB of float32 take 9 ms.
+        The ring sums them with torch's vectorized kernels.
+        """
+        if (self.reduction.name == "ring" or route is self.device or self.comm.size == 1
+                or tensor.dtype not in (torch.float16, torch.bfloat16)):
+            return self.reduction
+        if self._ring16 is None:
+            self._ring16 = REDUCTIONS["ring"](self.comm, self.cuda)
+        return self._ring16
 
     def broadcast(self, tensor: torch.Tensor, root: int = 0,
                   name: Optional[str] = None) -> Transfer:

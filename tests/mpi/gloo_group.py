@@ -24,3 +24,13 @@ def make_gloo_group(world):
         group._register_backend(torch.device(device), dist.ProcessGroup.BackendType.GLOO,
                                 backend)
     return group, backend, store
+
+
+def make_single_rank_gloo_group():
+    """A gloo group of this rank alone (what ``dist.new_subgroups(group_size=1)`` makes)."""
+    store = dist.HashStore()
+    group = dist.ProcessGroup(store, 0, 1)
+    backend = dist.ProcessGroupGloo(store, 0, 1, timedelta(seconds=60))
+    group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+    group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)
+    return group, backend, store
