@@ -14,10 +14,11 @@ _PUBLIC = {
     "DistributedDataParallel": "hpcddp.ddp.module",
     "DistributedSampler": "hpcddp.data.sampler",
     "Preemption": "hpcddp.preemption",
+    "SyncBatchNorm": "hpcddp.ddp.syncbn",
     "fp16_compress_hook": "hpcddp.ddp.hooks", "bf16_compress_hook": "hpcddp.ddp.hooks",
 }
 
-__all__ = ["DistributedDataParallel", "DistributedSampler", "Preemption", "World", "__version__",
+__all__ = ["DistributedDataParallel", "DistributedSampler", "Preemption", "SyncBatchNorm", "World", "__version__",
            "bf16_compress_hook", "fp16_compress_hook", "get_world", "init", "shutdown"]
 
 __getattr__, __dir__ = lazy_names(__name__, _PUBLIC)

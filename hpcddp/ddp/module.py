@@ -9,10 +9,12 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 from torch import nn
+from torch.distributed.algorithms.join import Join, Joinable
 
 from hpcddp.comm import lifetime
 from hpcddp.ddp import hooks
 from hpcddp.ddp.buckets import DEFAULT_CAP_MB, FIRST_BUCKET_BYTES
+from hpcddp.ddp.join import DDPJoinHook, agree_on_sync, common_rank
 from hpcddp.ddp.reducer import Reducer
 from hpcddp.ddp.sync import broadcast_tensors, verify_same_parameters
 from hpcddp.env import get_setting
@@ -42,7 +44,7 @@ def _refuse(name, value, default):
             f"are refused rather than ignored)")
 
 
-class DistributedDataParallel(nn.Module, lifetime.Closable):
+class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
     """Data-parallel training over MPI, a drop-in for ``torch.nn.parallel.DistributedDataParallel``.
 
     Gradients are averaged across ranks in buckets with non-blocking ``Iallreduce``,
@@ -94,6 +96,7 @@ class DistributedDataParallel(nn.Module, lifetime.Closable):
                  mixed_precision=None, device_mesh=None, skip_all_reduce_unused_params=False,
                  bucket_cap_mb_list=None, batched_grad_copy=False, forward_sync_buffers=None):
         super().__init__()
+        Joinable.__init__(self)
         for name, value, default in [
             ("delay_all_reduce_named_params", delay_all_reduce_named_params, None),
             ("param_to_hook_all_reduce", param_to_hook_all_reduce, None),
@@ -114,6 +117,8 @@ class DistributedDataParallel(nn.Module, lifetime.Closable):
         self.static_graph = static_graph
         self.require_backward_grad_sync = True
         self.require_forward_param_sync = True
+        self._divide_by_initial_world_size = True
+        self._pending = []  # this iteration's Join messages, completed before the next
         parent = _resolve_comm(process_group, world)
         self.process_group = process_group
         # Two private communicators: gradient data, and small control messages that
@@ -181,17 +186,95 @@ class DistributedDataParallel(nn.Module, lifetime.Closable):
     def forward(self, *inputs, **kwargs):
         self._check_open()
         grad = torch.is_grad_enabled()
+        self._complete_pending()
+        # Under Join, the count of ranks still training comes first: a joined rank waits
+        # for it before it mirrors anything else.
+        notified = Join.notify_join_context(self)
+        if notified is not None:
+            self._pending.append(notified)
+            self._set_divisor(notified)
         if grad and self.require_backward_grad_sync:
             self.reducer.prepare_for_forward()
-        if self.forward_sync_buffers and self._buffers_to_sync and self._comm.size > 1:
-            broadcast_tensors(self._control_transport,
-                              [b.detach() for b in self._buffers_to_sync])
+        self._sync_buffers(joined=False)
+        if self._join_config.enable:
+            self._pending.append(agree_on_sync(
+                self._control, grad and self.require_backward_grad_sync, wait=False)[0])
         if self.device_ids:
             inputs, kwargs = self._move_inputs(inputs, kwargs)
         output = self.module(*inputs, **kwargs)
         if grad:
             self.reducer.prepare_for_backward(self.require_backward_grad_sync)
         return output
+
+    def _complete_pending(self) -> None:
+        for request in self._pending:
+            request.wait() if hasattr(request, "wait") else request.Wait()
+        self._pending = []
+
+    def _set_divisor(self, notified) -> None:
+        """Under ``join(divide_by_initial_world_size=False)``, average over the ranks still
+        training (the count the notification allreduce gives); else over all."""
+        hook = self.reducer.hook
+        if not hasattr(hook, "transport"):
+            return  # a torch-style hook divides by itself, as in torch
+        if self._divide_by_initial_world_size:
+            hook.divisor = self._comm.size
+        else:
+            hook.divisor = int(notified.result()[0].item())
+
+    def _sync_buffers(self, joined: bool) -> None:
+        """Broadcast buffers before forward: from rank 0, or under Join from the highest
+        rank still training."""
+        if not (self.forward_sync_buffers and self._buffers_to_sync and self._comm.size > 1):
+            return
+        root = common_rank(self._control, not joined) if self._join_config.enable else 0
+        broadcast_tensors(self._control_transport, [b.detach() for b in self._buffers_to_sync],
+                          root)
+
+    # -- Join ------------------------------------------------------------------------------
+
+    def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
+             throw_on_early_termination: bool = False) -> Join:
+        """A context manager for training on uneven inputs, as torch's ``model.join()``.
+
+        A rank that runs out of batches shadows the collectives of those still training
+        until every rank is done; then all ranks take the model of the last to finish.
+
+        Args:
+            divide_by_initial_world_size: average gradients over all ranks (True) or over
+                those still training (False).
+            enable: False turns the context manager off.
+            throw_on_early_termination: raise on every rank as soon as one runs out.
+
+        Example::
+
+            with model.join():
+                for x, y in my_uneven_batches:
+                    loss_fn(model(x), y).backward()
+                    opt.step()
+
+        .. warning:: Under Join each forward adds two small collectives.
+        """
+        return Join([self], enable, throw_on_early_termination,
+                    divide_by_initial_world_size=divide_by_initial_world_size)
+
+    def join_hook(self, **kwargs) -> DDPJoinHook:
+        """The hook ``torch.distributed.algorithms.Join`` runs on a rank that has joined."""
+        return DDPJoinHook(self, kwargs.get("divide_by_initial_world_size", True))
+
+    @property
+    def join_device(self) -> torch.device:
+        return self.reducer.params[0].device
+
+    @property
+    def join_process_group(self):
+        if self.process_group is None:
+            return dist.group.WORLD
+        if isinstance(self.process_group, MPI.Comm):
+            raise TypeError("Join needs a torch.distributed group: this wrapper was given an "
+                            "mpi4py communicator. Pass process_group=dist.new_group(ranks) "
+                            "(after hpcddp.init()) instead")
+        return self.process_group
 
     @contextmanager
     def no_sync(self):
@@ -262,6 +345,7 @@ class DistributedDataParallel(nn.Module, lifetime.Closable):
         return True
 
     def _release(self) -> None:
+        self._complete_pending()
         if self.reducer is not None:
             self.reducer.remove_hooks()
         for comm in (self._comm, self._control):

@@ -107,6 +107,7 @@ class Reducer:
         self._armed = self._sync = self._callback_queued = False
         self._used = np.zeros(len(self.params), dtype=np.uint8)
         self._twice: List[int] = []
+        self._shadows: Optional[List[GradBucket]] = None
         self._build(list(reversed(range(len(self.params)))))
         self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, i))
                        for i, p in enumerate(self.params)]
@@ -241,13 +242,49 @@ class Reducer:
             # Without find_unused_parameters, a rank that missed a gradient never launches
             # that bucket; the others would wait on it forever. Agree first.
             flags = np.array([bool(missing), bool(self._twice)], dtype=np.uint8)
+        agreed = self._agree(flags, missing, self._twice, self.buckets)
+        self._wait_and_copy(globally_used=agreed[:-1] if self.find_unused else None)
+        self._schedule_rebuild()
+
+    def shadow_backward(self) -> None:
+        """Mirror, on a rank that has run out of data (``Join``), the collectives of a
+        synchronized backward of the ranks still training: every bucket through the hook
+        with zeros, then the end-of-backward agreement. ``.grad`` is left alone.
+
+        .. warning:: Collective, matching one synchronized backward elsewhere.
+        """
+        shadows = self._shadow_buckets()
+        for bucket in shadows:
+            bucket.storage.zero_()
+            bucket.start(self.hook)
+        size = len(self.params) + 1 if self.find_unused else 2
+        self._agree(np.zeros(size, dtype=np.uint8), [], [], shadows)
+        self.transport.issue_all()
+        for bucket in shadows:
+            bucket.finish()
+        self._schedule_rebuild()
+
+    def _shadow_buckets(self) -> List[GradBucket]:
+        # Made on first use and kept: a rank that joins early shadows every later step.
+        layouts = self.layouts
+        if self._shadows is None or [b.layout for b in self._shadows] != layouts:
+            self._shadows = [GradBucket(b, len(layouts), layout, self.params)
+                             for b, layout in enumerate(layouts)]
+            for bucket in self._shadows:
+                bucket.route = self.transport.route_for(bucket.storage)
+        return self._shadows
+
+    def _agree(self, flags, missing, twice, buckets) -> np.ndarray:
+        """Agree on ``flags`` (MAX) on the control communicator; where any rank got a
+        gradient twice, or (without find_unused_parameters) none, complete every bucket
+        and raise on every rank."""
         agreed = np.empty_like(flags)
         self.control.Allreduce(flags, agreed, op=MPI.MAX)
         anyone_missing = not self.find_unused and agreed[0]
         if agreed[-1] or anyone_missing:
-            self._drain(missing)
+            self._drain(missing, buckets)
             if agreed[-1]:
-                self._raise_about("got a gradient twice in one backward", self._twice,
+                self._raise_about("got a gradient twice in one backward", twice,
                                   "torch raises the same ('Expected to mark a variable ready "
                                   "only once'). A parameter used inside and outside "
                                   "torch.utils.checkpoint(use_reentrant=True) does this: use "
@@ -256,8 +293,7 @@ class Reducer:
                               "Pass find_unused_parameters=True if some parameters are not "
                               "used in every iteration, or make sure every parameter takes "
                               "part in the loss.")
-        self._wait_and_copy(globally_used=agreed[:-1] if self.find_unused else None)
-        self._schedule_rebuild()
+        return agreed
 
     def _schedule_rebuild(self) -> None:
         if self._ready_order is not None:
@@ -276,13 +312,15 @@ class Reducer:
                 elif not _is_view_of(param.grad, view):
                     param.grad.copy_(view)
 
-    def _drain(self, missing) -> None:
+    def _drain(self, missing, buckets) -> None:
         """Launch and complete every bucket so no request is left unmatched."""
-        for i in missing:
-            self.buckets[self._where[i][0]].pending.discard(i)
-        self._launch_ready()
-        for bucket in self.buckets:
-            bucket.finish()
+        if buckets is self.buckets:
+            for i in missing:
+                self.buckets[self._where[i][0]].pending.discard(i)
+            self._launch_ready()
+        for bucket in buckets:
+            if bucket.handle is not None:
+                bucket.finish()
 
     def _raise_about(self, what, mine, advice) -> None:
         """Raise on every rank, naming each parameter in ``mine`` (this rank's) and the

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import hpcddp
 from gloo_group import make_gloo_group
@@ -27,4 +28,5 @@ def gloo(world):
     """torch's gloo process group, built beside hpcddp's default group: the reference."""
     group, backend, store = make_gloo_group(world)
     yield group
+    dist.distributed_c10d._world.pg_group_ranks.pop(group, None)
     del group, backend, store

@@ -23,6 +23,9 @@ def make_gloo_group(world):
     for device in devices:  # gloo reduces CUDA tensors through host memory
         group._register_backend(torch.device(device), dist.ProcessGroup.BackendType.GLOO,
                                 backend)
+    # Known to torch.distributed's rank tables, as a group from new_group() would be, so
+    # that torch's Join can ask for this rank in it.
+    dist.distributed_c10d._world.pg_group_ranks[group] = {r: r for r in range(world.size)}
     return group, backend, store
 
 

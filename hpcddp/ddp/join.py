@@ -1,0 +1,86 @@
+"""Uneven inputs: the collectives a rank that has run out of data shadows under ``Join``.
+
+torch's ``Join`` context manager loops on a rank that has left its training loop: an
+allreduce on the join group counts the ranks still training (matched by the
+``notify_join_context`` allreduce each of them makes at the start of forward), then the
+``main_hook`` of each joinable issues what one training iteration of the others issues.
+For hpcddp's DDP that is, per iteration and in this order:
+
+1. on the control communicator: the rank buffers come from (the highest rank still
+   training, as in torch: rank 0 may have joined with stale buffers) and their
+   broadcast, when buffers are synchronized;
+2. on the control communicator: whether this iteration's backward is synchronized;
+3. if so, on the gradient communicator (or the hook's group): every bucket through the
+   hook, with zeros; then the end-of-backward agreement on the control communicator.
+
+When every rank has joined, the ``post_hook`` broadcasts the model of the last rank to
+join, so all replicas end equal.
+"""
+
+import numpy as np
+from mpi4py import MPI
+from torch.distributed.algorithms.join import JoinHook
+
+from hpcddp.ddp.sync import broadcast_tensors
+
+__all__ = ["DDPJoinHook", "agree_on_sync", "common_rank"]
+
+
+def common_rank(control, candidate: bool) -> int:
+    """The highest rank of ``control`` where ``candidate`` is true.
+
+    .. warning:: Collective.
+    """
+    rank = control.allreduce(control.rank if candidate else -1, op=MPI.MAX)
+    if rank < 0:
+        raise RuntimeError("hpcddp Join: no rank qualified to provide the model state; "
+                           "this is a bug in hpcddp")
+    return rank
+
+
+def agree_on_sync(control, sync: bool, wait: bool):
+    """Whether any rank still training synchronizes this backward.
+
+    Ranks still training start it and go on (``wait=False`` returns the request, to be
+    completed later); a joined rank waits for the answer.
+
+    .. warning:: Collective.
+    """
+    mine = np.array([1 if sync else 0], dtype=np.int32)
+    answer = np.empty_like(mine)
+    request = control.Iallreduce(mine, answer, op=MPI.MAX)
+    if not wait:
+        return request, (mine, answer)  # the arrays stay alive with the request
+    request.Wait()
+    return bool(answer[0])
+
+
+class DDPJoinHook(JoinHook):
+    """Shadows hpcddp DDP's per-iteration collectives on a rank that has joined.
+
+    Args:
+        ddp: the ``hpcddp.DistributedDataParallel``.
+        divide_by_initial_world_size: average over every rank (True), or over the ranks
+            still training (False), as torch's ``join_hook`` argument.
+    """
+
+    def __init__(self, ddp, divide_by_initial_world_size: bool = True):
+        self.ddp = ddp
+        ddp._divide_by_initial_world_size = divide_by_initial_world_size
+
+    def main_hook(self) -> None:
+        ddp = self.ddp
+        ddp.reducer.prepare_for_forward()
+        ddp._sync_buffers(joined=True)
+        sync = agree_on_sync(ddp._control, False, wait=True)
+        ddp.require_forward_param_sync = sync
+        if sync:
+            ddp.reducer.shadow_backward()
+
+    def post_hook(self, is_last_joiner: bool) -> None:
+        ddp = self.ddp
+        root = common_rank(ddp._control, is_last_joiner)
+        tensors = [p.detach() for p in ddp.module.parameters()]
+        if ddp.forward_sync_buffers:
+            tensors += [b.detach() for b in ddp._buffers_to_sync]
+        broadcast_tensors(ddp._control_transport, tensors, root)
