@@ -16,6 +16,7 @@ from hpcddp.ddp import hooks
 from hpcddp.ddp.buckets import DEFAULT_CAP_MB, FIRST_BUCKET_BYTES
 from hpcddp.ddp.join import DDPJoinHook, agree_on_sync, common_rank
 from hpcddp.ddp.reducer import Reducer
+from hpcddp.ddp.sparse import sparse_parameters
 from hpcddp.ddp.sync import broadcast_tensors, verify_same_parameters
 from hpcddp.env import get_setting
 from hpcddp.process_group import comm_of
@@ -147,7 +148,8 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
                                    staging_chunk_bytes=get_setting("STAGING_CHUNK_KB") << 10,
                                    reduction=world.reduction,
                                    first_cap_bytes=(FIRST_BUCKET_BYTES if bucket_cap_mb is None
-                                                    else self.bucket_bytes_cap))
+                                                    else self.bucket_bytes_cap),
+                                   sparse=sparse_parameters(module, [p for _, p in named]))
         except BaseException:
             self.close()  # the checks raise on every rank, so this is collective too
             raise
@@ -339,7 +341,7 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
     def rebuild_buckets(self, order: Sequence[int]) -> bool:
         """Lay the buckets out for ``order`` (from ``bucket_order()``); return False, and
         change nothing, when ``order`` does not name each parameter exactly once."""
-        if sorted(order) != list(range(len(self.reducer.params))):
+        if sorted(order) != sorted(self.reducer.bucket_order()):
             return False
         self.reducer.rebuild(order)
         return True

@@ -30,6 +30,7 @@ from hpcddp.comm.threads import helper_threads_allowed
 from hpcddp.ddp.bucket import GradBucket
 from hpcddp.ddp.buckets import FIRST_BUCKET_BYTES, ParamSpec, assign_buckets
 from hpcddp.ddp.hooks import AllreduceMean, hook_for
+from hpcddp.ddp.sparse import allreduce_sparse
 from hpcddp.transport import Transport
 
 __all__ = ["Reducer"]
@@ -78,17 +79,30 @@ class Reducer:
             (``HPCDDP_STAGING_CHUNK_KB``).
         reduction: ``"mpi"`` or ``"ring"`` (``World.reduction``).
         first_cap_bytes: the first bucket's cap (torch: 1 MiB unless a cap is given).
+        sparse: indices of parameters whose gradients are sparse (``sparse.py``); they
+            are reduced apart from the buckets at the end of backward.
+
+    With ``static_graph``, the first backward only counts how often each parameter's
+    hook fires and reduces everything at its end (torch's "delayed allreduce"); later
+    ones fill a parameter's bucket at its last firing (a parameter used twice, as under
+    reentrant checkpointing, is fine) and treat parameters never used as ready at once.
     """
 
     def __init__(self, named_params, comm, control, cap_bytes, find_unused_parameters=False,
                  static_graph=False, gradient_as_bucket_view=False, cuda_aware=False,
                  progress_thread=False, staging_chunk_bytes=4 << 20, reduction="mpi",
-                 first_cap_bytes=FIRST_BUCKET_BYTES):
+                 first_cap_bytes=FIRST_BUCKET_BYTES, sparse=()):
         self.names = [name for name, _ in named_params]
         self.params = [param for _, param in named_params]
         self.comm, self.control = comm, control
         self.cap_bytes, self.first_cap_bytes = cap_bytes, first_cap_bytes
-        self.find_unused = find_unused_parameters
+        # A static graph agrees on used parameters like find_unused_parameters does, so a
+        # parameter never used keeps no gradient, as in torch.
+        self.find_unused = find_unused_parameters or static_graph
+        self.static_graph = static_graph
+        self._expected: Optional[np.ndarray] = None  # hook firings per parameter (static)
+        self._fires = np.zeros(len(named_params), dtype=np.int32)
+        self.sparse = sorted(sparse)
         self.as_view = gradient_as_bucket_view
         self.cuda_aware = cuda_aware
         self.transport = Transport(comm, cuda_aware, chunk_bytes=staging_chunk_bytes,
@@ -115,7 +129,12 @@ class Reducer:
     # -- layout ------------------------------------------------------------------------
 
     def _build(self, order: Sequence[int]) -> None:
-        layouts = assign_buckets(self.specs, order, self.cap_bytes, self.first_cap_bytes)
+        dense = [i for i in range(len(self.params)) if i not in self.sparse]
+        position = {index: k for k, index in enumerate(dense)}
+        layouts = [layout._replace(params=tuple(dense[k] for k in layout.params))
+                   for layout in assign_buckets([self.specs[i] for i in dense],
+                                                [position[i] for i in order if i in position],
+                                                self.cap_bytes, self.first_cap_bytes)]
         self.buckets = [GradBucket(b, len(layouts), layout, self.params)
                         for b, layout in enumerate(layouts)]
         self._where = {}
@@ -171,11 +190,18 @@ class Reducer:
         if not sync:
             return
         self._used[:] = 0
+        self._fires[:] = 0
         self._twice = []
         self._next = 0
         for bucket in self.buckets:
             bucket.pending = set(bucket.layout.params)
             bucket.handle = None
+        if self._expected is not None:
+            for index in np.flatnonzero(self._expected == 0):
+                if index in self._where:  # never used in a static graph: ready at once
+                    b, k = self._where[index]
+                    self.buckets[b].views[k].zero_()
+                    self.buckets[b].pending.discard(index)
 
     # -- backward ----------------------------------------------------------------------
 
@@ -185,13 +211,29 @@ class Reducer:
         if not self._callback_queued:
             torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
             self._callback_queued = True
-        if self._used[index]:
+        if self.static_graph:
+            self._fires[index] += 1
+            if self._expected is None:  # the first backward: count, reduce at its end
+                if self._fires[index] == 1 and self._ready_order is not None:
+                    self._ready_order.append(index)
+                return
+            if self._fires[index] < self._expected[index]:
+                return  # more of this parameter's gradient is still to come
+            if self._fires[index] > self._expected[index]:
+                self._twice.append(index)
+                return
+        elif self._used[index]:
             # Its bucket may be in flight already; the ranks learn of it together at the
             # end of backward and raise there.
             self._twice.append(index)
             return
+        self._mark_ready(index, param)
+
+    def _mark_ready(self, index: int, param: torch.Tensor) -> None:
         self._used[index] = 1
-        if self._ready_order is not None:
+        if index not in self._where:
+            return  # sparse: reduced at the end of backward
+        if self._ready_order is not None and not self.static_graph:
             self._ready_order.append(index)
         b, k = self._where[index]
         bucket = self.buckets[b]
@@ -230,9 +272,15 @@ class Reducer:
         if self._pump is not None:
             self._pump.stop()
             self._pump = None
+        if self.static_graph and self._expected is None:
+            for index in np.flatnonzero(self._fires):
+                self._mark_ready(int(index), self.params[index])
+            self._expected = self._fires.copy()
         missing = [i for i in range(len(self.params)) if not self._used[i]]
         if self.find_unused:
             for i in missing:
+                if i not in self._where:
+                    continue
                 b, k = self._where[i]
                 self.buckets[b].views[k].zero_()
                 self.buckets[b].pending.discard(i)
@@ -244,7 +292,18 @@ class Reducer:
             flags = np.array([bool(missing), bool(self._twice)], dtype=np.uint8)
         agreed = self._agree(flags, missing, self._twice, self.buckets)
         self._wait_and_copy(globally_used=agreed[:-1] if self.find_unused else None)
+        self._reduce_sparse()
         self._schedule_rebuild()
+
+    def _reduce_sparse(self) -> None:
+        for index in self.sparse:
+            param = self.params[index]
+            grad = param.grad if self._used[index] else None
+            param.grad = allreduce_sparse(self.comm, grad, param, self._sparse_divisor())
+
+    def _sparse_divisor(self) -> int:
+        # A torch-style hook never sees sparse gradients (torch reduces them apart too).
+        return self.hook.divisor if isinstance(self.hook, AllreduceMean) else self.comm.size
 
     def shadow_backward(self) -> None:
         """Mirror, on a rank that has run out of data (``Join``), the collectives of a
@@ -262,6 +321,8 @@ class Reducer:
         self.transport.issue_all()
         for bucket in shadows:
             bucket.finish()
+        for index in self.sparse:
+            allreduce_sparse(self.comm, None, self.params[index], self._sparse_divisor())
         self._schedule_rebuild()
 
     def _shadow_buckets(self) -> List[GradBucket]:
