@@ -12,6 +12,7 @@ from mpi4py import MPI
 from torch import nn
 
 from hpcddp.checkpoint import store
+from hpcddp.checkpoint.hook_state import capture_hook_state, restore_hook_state
 from hpcddp.checkpoint.rng import capture_rng, reseed_rng, restore_rng
 from hpcddp.comm.agree import share_outcome
 from hpcddp.ddp import DistributedDataParallel
@@ -79,6 +80,8 @@ def save(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
     """
     comm = _comm(comm)
     rngs = comm.gather(capture_rng(), root=0)
+    ddp = _bucketed(model)
+    hooks = comm.gather(capture_hook_state(ddp.reducer.hook_state) if ddp else None, root=0)
     if comm.rank != 0:
         return _agree(comm, None)
     outcome: Any
@@ -92,6 +95,7 @@ def save(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
             "loader": loader.state_dict() if loader is not None else None,
             "bucket_order": _bucketed(model).bucket_order() if _bucketed(model) else None,
             "rng": rngs, "extra": extra,
+            "comm_hook": hooks if any(h is not None for h in hooks) else None,
         }
         store.remove_stale_temporaries(directory)
         outcome = store.write_checkpoint(directory, int(step), state, comm.size)
@@ -249,6 +253,11 @@ def load(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
     order = state.get("bucket_order")
     if order is not None and _bucketed(model):
         _bucketed(model).rebuild_buckets(order)
+    hooks = state.get("comm_hook")
+    if hooks is not None and _bucketed(model):
+        same = state["world_size"] == comm.size
+        restore_hook_state(_bucketed(model).reducer.hook_state,
+                           hooks[comm.rank if same else 0], same)
     if state["world_size"] == comm.size:
         restore_rng(state["rng"][comm.rank])
     else:

@@ -10,18 +10,29 @@ import warnings
 import numpy as np
 import torch
 
-__all__ = ["capture_rng", "restore_rng", "reseed_rng"]
+__all__ = ["capture_rng", "numpy_state", "restore_rng", "reseed_rng", "set_numpy_state"]
+
+
+def numpy_state(generator) -> dict:
+    """A ``np.random.RandomState``'s (or the global one's) state as tensors and values."""
+    kind, keys, pos, has_gauss, cached = generator.get_state()
+    return {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+
+
+def set_numpy_state(generator, saved: dict) -> None:
+    """Put back what ``numpy_state`` captured."""
+    generator.set_state((saved["kind"], saved["keys"].cpu().numpy().astype(np.uint32),
+                         saved["pos"], saved["has_gauss"], saved["cached_gaussian"]))
 
 
 def capture_rng() -> dict:
     """This rank's Python, NumPy, torch CPU and CUDA generator states."""
     version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
         "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64),
                    "gauss": gauss},
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "numpy": numpy_state(np.random),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -38,9 +49,7 @@ def restore_rng(state: dict) -> None:
     state = _on_host(state)
     py = state["python"]
     random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss"]))
-    npy = state["numpy"]
-    np.random.set_state((npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"],
-                         npy["has_gauss"], npy["cached_gaussian"]))
+    set_numpy_state(np.random, state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         cuda = state["cuda"]

@@ -14,6 +14,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import hpcddp
+import hpcddp.checkpoint
 from ddp_models import MLP, global_batch, share
 from gloo_group import make_single_rank_gloo_group
 
@@ -181,3 +182,36 @@ def test_hook_registered_twice_or_wrong_result_is_refused(world):
     x, y = global_batch(0, world.size)
     with pytest.raises(TypeError, match="returned int"):
         F.mse_loss(ddp(share(x, world.rank)), share(y, world.rank)).backward()
+
+
+def _powersgd_run(world, directory, save_at=None, load=False, restore_hook=True, steps=6):
+    torch.manual_seed(0)
+    ddp = hpcddp.DistributedDataParallel(Wide(), **CAP)
+    state = _powersgd_state()(None)
+    ddp.register_comm_hook(state, psgd.powerSGD_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    start = 0
+    if load:
+        resumed = hpcddp.checkpoint.load(directory, ddp, opt)
+        start = resumed.step
+        if not restore_hook:  # the negative control: a fresh hook state
+            state.error_dict.clear(), state.p_memory_dict.clear(), state.q_memory_dict.clear()
+            state.iter = start
+    for step in range(start, steps):
+        x, y = global_batch(step, world.size)
+        opt.zero_grad()
+        F.mse_loss(ddp(share(x, world.rank)), share(y, world.rank)).backward()
+        opt.step()
+        if save_at == step + 1:
+            hpcddp.checkpoint.save(directory, ddp, opt, step=step + 1)
+    return torch.cat([p.detach().reshape(-1) for p in ddp.parameters()])
+
+
+def test_powersgd_state_survives_a_checkpoint(world, tmp_path_factory):
+    directory = world.comm.bcast(str(tmp_path_factory.mktemp("psgd")) if world.rank == 0
+                                 else None, root=0)
+    uninterrupted = _powersgd_run(world, directory, save_at=4)
+    resumed = _powersgd_run(world, directory, load=True)
+    assert torch.equal(resumed, uninterrupted)
+    forgetful = _powersgd_run(world, directory, load=True, restore_hook=False)
+    assert not torch.equal(forgetful, uninterrupted)  # the error feedback mattered
