@@ -12,7 +12,6 @@ import warnings
 from typing import Optional
 
 import numpy as np
-import torch
 import torch.distributed as dist
 from mpi4py import MPI
 

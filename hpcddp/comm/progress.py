@@ -15,7 +15,7 @@ from typing import Callable, List, Optional, Tuple
 from hpcddp.comm import lifetime
 from hpcddp.comm.handle import Handle
 
-__all__ = ["Progress", "background", "on_progress_thread"]
+__all__ = ["Progress", "ProgressPump", "background", "on_progress_thread"]
 
 Callback = Callable[[Optional[BaseException]], None]
 
@@ -97,3 +97,26 @@ def on_progress_thread() -> bool:
     """Whether the caller runs on the progress thread (inside a completion callback)."""
     progress = _background.get("progress")
     return progress is not None and progress._thread is threading.current_thread()
+
+
+class ProgressPump:
+    """A helper thread that enters MPI's progress engine about every millisecond.
+
+    It touches no request (two threads completing one request would race); an
+    ``Iprobe`` on the gradient communicator, which carries no point-to-point traffic,
+    is enough for MPICH and Open MPI to advance every pending operation.
+    """
+
+    def __init__(self, comm, interval=1e-3):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(comm, interval),
+                                        name="hpcddp-progress", daemon=True)
+        self._thread.start()
+
+    def _run(self, comm, interval):
+        while not self._stop.wait(interval):
+            comm.Iprobe()
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()

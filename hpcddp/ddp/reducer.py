@@ -18,7 +18,6 @@ Life of one synchronized backward:
 """
 
 import functools
-import threading
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -26,6 +25,7 @@ import torch
 from mpi4py import MPI
 
 from hpcddp.comm.ranks import ranks_text
+from hpcddp.comm.progress import ProgressPump
 from hpcddp.comm.threads import helper_threads_allowed
 from hpcddp.ddp.bucket import GradBucket
 from hpcddp.ddp.buckets import FIRST_BUCKET_BYTES, ParamSpec, assign_buckets
@@ -34,29 +34,6 @@ from hpcddp.ddp.sparse import allreduce_sparse
 from hpcddp.transport import Transport
 
 __all__ = ["Reducer"]
-
-
-class _ProgressPump:
-    """A helper thread that enters MPI's progress engine about every millisecond.
-
-    It touches no request (two threads completing one request would race); an
-    ``Iprobe`` on the gradient communicator, which carries no point-to-point traffic,
-    is enough for MPICH and Open MPI to advance every pending operation.
-    """
-
-    def __init__(self, comm, interval=1e-3):
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(comm, interval),
-                                        name="hpcddp-progress", daemon=True)
-        self._thread.start()
-
-    def _run(self, comm, interval):
-        while not self._stop.wait(interval):
-            comm.Iprobe()
-
-    def stop(self):
-        self._stop.set()
-        self._thread.join()
 
 
 def _is_view_of(grad, view):
@@ -74,7 +51,7 @@ class Reducer:
         cap_bytes: the bucket size cap.
         find_unused_parameters, static_graph, gradient_as_bucket_view, cuda_aware: as
             for ``DistributedDataParallel``.
-        progress_thread: run a ``_ProgressPump`` during backward (``HPCDDP_PROGRESS_THREAD``).
+        progress_thread: run a ``ProgressPump`` during backward (``HPCDDP_PROGRESS_THREAD``).
         staging_chunk_bytes: staged GPU buckets travel in pieces of this size, 0 whole
             (``HPCDDP_STAGING_CHUNK_KB``).
         reduction: ``"mpi"`` or ``"ring"`` (``World.reduction``).
@@ -111,7 +88,7 @@ class Reducer:
         self.hook_state = None
         self._hook_registered = False
         self.progress_thread = progress_thread
-        self._pump: Optional[_ProgressPump] = None
+        self._pump: Optional[ProgressPump] = None
         self.specs = [ParamSpec(p.numel(), p.element_size(), str(p.dtype), str(p.device))
                       for p in self.params]
         self.trace: Optional[List[tuple]] = None  # set to [] to record hook/launch events
@@ -255,7 +232,7 @@ class Reducer:
         if self.progress_thread and self._pump is None and self._next and helper_threads_allowed(
                 "the progress pump (HPCDDP_PROGRESS_THREAD=1)",
                 "MPI progresses only at gradient hooks"):
-            self._pump = _ProgressPump(self.comm)
+            self._pump = ProgressPump(self.comm)
 
     @property
     def collectives(self) -> int:
