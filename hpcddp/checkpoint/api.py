@@ -86,6 +86,7 @@ def save(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
         return _agree(comm, None)
     outcome: Any
     try:
+        _check_loadable(extra)
         state = {
             "format": store.FORMAT, "step": int(step), "epoch": int(epoch),
             "world_size": comm.size, "model": _unwrap(model).state_dict(),
@@ -104,6 +105,25 @@ def save(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
     except Exception as error:  # noqa: BLE001 - raised on every rank below
         outcome = error
     return _agree(comm, outcome)
+
+
+def _check_loadable(extra) -> None:
+    """Refuse, before anything is written, an ``extra`` that ``load`` could not read back
+    (``torch.load(weights_only=True)`` takes tensors, containers and plain values only)."""
+    if extra is None:
+        return
+    buffer = io.BytesIO()
+    torch.save(extra, buffer)
+    buffer.seek(0)
+    try:
+        torch.load(buffer, weights_only=True)
+    except Exception as error:  # noqa: BLE001 - reported with the fix
+        reason = str(error).strip().splitlines()[-1] if str(error).strip() else repr(error)
+        raise ValueError(
+            f"hpcddp.checkpoint.save: extra={type(extra).__name__} would save but never load: "
+            f"torch.load(weights_only=True) refuses it ({reason}). Keep extra to tensors, "
+            f"dicts, lists, tuples, numbers, strings and bools: e.g. torch.from_numpy(array) "
+            f"for a NumPy array. Nothing was written.") from None
 
 
 class _InMemoryFile:

@@ -67,6 +67,18 @@ def test_round_trip_restores_model_optimizer_rng_and_extra(world, folder, device
     assert len(state["rng"]) == world.size
 
 
+def test_extra_that_load_would_refuse_is_refused_at_save(world, folder):
+    import numpy as np
+    model, opt = _trained(world)
+    good = checkpoint.save(folder, model, opt, step=1, extra={"a": torch.arange(3)})
+    with pytest.raises(ValueError, match="would save but never load.*torch.from_numpy"):
+        checkpoint.save(folder, model, opt, step=2, extra={"a": np.arange(3)})
+    # Nothing was published: the previous checkpoint is still the one load finds.
+    fresh = hpcddp.DistributedDataParallel(MLP())
+    resumed = checkpoint.load(folder, fresh)
+    assert resumed.path == good and torch.equal(resumed.extra["a"], torch.arange(3))
+
+
 def test_keep_last_keeps_the_newest(world, folder):
     model, _ = _trained(world, steps=0)
     for step in range(1, 5):
