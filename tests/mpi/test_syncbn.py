@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import hpcddp
+from ddp_models import ConvBN
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -78,21 +79,10 @@ def test_eval_mode_is_local(world):
     assert before == 0
 
 
-class _Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3)
-        self.bn = nn.BatchNorm2d(4)
-        self.fc = nn.Linear(4 * 6 * 6, 3)
-
-    def forward(self, x):
-        return self.fc(torch.relu(self.bn(self.conv(x))).flatten(1))
-
-
 @pytest.mark.parametrize("broadcast_buffers", [True, False])
 def test_inside_ddp_matches_single_process(world, broadcast_buffers):
     torch.manual_seed(0)
-    net = _Net()
+    net = ConvBN()
     reference = copy.deepcopy(net)
     ddp = hpcddp.DistributedDataParallel(
         hpcddp.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(net)),
