@@ -38,11 +38,24 @@ def common_rank(control, candidate: bool) -> int:
     return rank
 
 
+class _Started:
+    """A started message and its buffers, which must live until it completes (an mpi4py
+    request does not keep a collective's arrays alive)."""
+
+    __slots__ = ("request", "buffers")
+
+    def __init__(self, request, buffers):
+        self.request, self.buffers = request, buffers
+
+    def wait(self) -> None:
+        self.request.Wait()
+
+
 def agree_on_sync(control, sync: bool, wait: bool):
     """Whether any rank still training synchronizes this backward.
 
-    Ranks still training start it and go on (``wait=False`` returns the request, to be
-    completed later); a joined rank waits for the answer.
+    Ranks still training start it and go on (``wait=False`` returns a ``_Started`` to
+    complete later); a joined rank waits for the answer.
 
     .. warning:: Collective.
     """
@@ -50,7 +63,7 @@ def agree_on_sync(control, sync: bool, wait: bool):
     answer = np.empty_like(mine)
     request = control.Iallreduce(mine, answer, op=MPI.MAX)
     if not wait:
-        return request, (mine, answer)  # the arrays stay alive with the request
+        return _Started(request, (mine, answer))
     request.Wait()
     return bool(answer[0])
 

@@ -194,13 +194,14 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
         notified = Join.notify_join_context(self)
         if notified is not None:
             self._pending.append(notified)
-            self._set_divisor(notified)
+            self.reducer.set_divisor(self._comm.size if self._divide_by_initial_world_size
+                                     else int(notified.result()[0].item()))
         if grad and self.require_backward_grad_sync:
             self.reducer.prepare_for_forward()
         self._sync_buffers(joined=False)
         if self._join_config.enable:
             self._pending.append(agree_on_sync(
-                self._control, grad and self.require_backward_grad_sync, wait=False)[0])
+                self._control, grad and self.require_backward_grad_sync, wait=False))
         if self.device_ids:
             inputs, kwargs = self._move_inputs(inputs, kwargs)
         output = self.module(*inputs, **kwargs)
@@ -209,20 +210,10 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
         return output
 
     def _complete_pending(self) -> None:
-        for request in self._pending:
-            request.wait() if hasattr(request, "wait") else request.Wait()
+        """Complete the last forward's Join messages."""
+        for pending in self._pending:
+            pending.wait()
         self._pending = []
-
-    def _set_divisor(self, notified) -> None:
-        """Under ``join(divide_by_initial_world_size=False)``, average over the ranks still
-        training (the count the notification allreduce gives); else over all."""
-        hook = self.reducer.hook
-        if not hasattr(hook, "transport"):
-            return  # a torch-style hook divides by itself, as in torch
-        if self._divide_by_initial_world_size:
-            hook.divisor = self._comm.size
-        else:
-            hook.divisor = int(notified.result()[0].item())
 
     def _sync_buffers(self, joined: bool) -> None:
         """Broadcast buffers before forward: from rank 0, or under Join from the highest

@@ -278,6 +278,12 @@ class Reducer:
             grad = param.grad if self._used[index] else None
             param.grad = allreduce_sparse(self.comm, grad, param, self._sparse_divisor())
 
+    def set_divisor(self, ranks: int) -> None:
+        """Average over ``ranks`` from now on (Join's ``divide_by_initial_world_size=False``
+        counts the ranks still training); a torch-style hook divides by itself."""
+        if isinstance(self.hook, AllreduceMean):
+            self.hook.divisor = ranks
+
     def _sparse_divisor(self) -> int:
         # A torch-style hook never sees sparse gradients (torch reduces them apart too).
         return self.hook.divisor if isinstance(self.hook, AllreduceMean) else self.comm.size
