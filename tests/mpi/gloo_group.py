@@ -1,6 +1,5 @@
 """torch's gloo process group over loopback TCP, made beside hpcddp's (the reference)."""
 
-import socket
 from datetime import timedelta
 
 import torch
@@ -8,14 +7,16 @@ import torch.distributed as dist
 
 
 def make_gloo_group(world):
-    port = None
+    # Rank 0's store listens on a port the kernel picks (port 0) and says which; a port
+    # found free beforehand can be taken by another job before the store binds it.
+    store = None
     if world.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = world.comm.bcast(port, root=0)
-    store = dist.TCPStore("127.0.0.1", port, world.size, world.rank == 0,
-                          timeout=timedelta(seconds=60))
+        store = dist.TCPStore("127.0.0.1", 0, world.size, True,
+                              timeout=timedelta(seconds=60), wait_for_workers=False)
+    port = world.comm.bcast(store.port if store is not None else None, root=0)
+    if store is None:
+        store = dist.TCPStore("127.0.0.1", port, world.size, False,
+                              timeout=timedelta(seconds=60))
     group = dist.ProcessGroup(store, world.rank, world.size)
     backend = dist.ProcessGroupGloo(store, world.rank, world.size, timedelta(seconds=60))
     group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
