@@ -5,6 +5,7 @@ Importing hpcddp starts nothing: the public names below load their modules (torc
 worker that unpickles an ``hpcddp.data.H5Dataset`` never initializes MPI.
 """
 
+from hpcddp.comm.abort import install_early_hook
 from hpcddp.lazy import lazy_names
 from hpcddp.version import __version__
 
@@ -22,3 +23,7 @@ __all__ = ["DistributedDataParallel", "DistributedSampler", "Preemption", "SyncB
            "bf16_compress_hook", "fp16_compress_hook", "get_world", "init", "shutdown"]
 
 __getattr__, __dir__ = lazy_names(__name__, _PUBLIC)
+
+# A rank that raises before hpcddp.init() ends the job instead of leaving the others
+# waiting in initialization (hpcddp.comm.abort); this imports no MPI.
+install_early_hook()

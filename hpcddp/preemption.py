@@ -15,6 +15,7 @@ from typing import Optional
 
 from mpi4py import MPI
 
+from hpcddp.comm import activity
 from hpcddp.env import ConfigError, get_setting
 from hpcddp.runtime import finalize, get_world
 
@@ -73,7 +74,8 @@ class Preemption:
 
         .. warning:: Collective (one small allreduce).
         """
-        return bool(self.comm.allreduce(int(self.received), op=MPI.MAX))
+        with activity.blocking("Preemption.requested()", self.comm):
+            return bool(self.comm.allreduce(int(self.received), op=MPI.MAX))
 
     def requeue_and_exit(self, code: int = 0) -> None:
         """Finalize MPI on every rank, then requeue (rank 0, under Slurm) and exit.
@@ -85,7 +87,8 @@ class Preemption:
 
         .. warning:: Collective; does not return.
         """
-        self.comm.Barrier()
+        with activity.blocking("Preemption.requeue_and_exit()", self.comm):
+            self.comm.Barrier()
         rank = self.comm.rank
         sys.stdout.flush()
         # Everything hpcddp opened on MPI (MPI-IO files above all) is closed first.

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from hpcddp.comm import lifetime
+from hpcddp.comm import activity, lifetime
 from hpcddp.comm.ops import mpi_op
 from hpcddp.transport import Transfer, Transport
 from hpcddp.work import RecvWork, Work
@@ -55,6 +55,7 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
         self._hpcddp_name = self._hpcddp_desc = ""
         self.comm = comm
         self.cuda_aware = cuda_aware
+        activity.channel_for(comm, "process group")
         self.transport = Transport(comm, cuda_aware, reduction=reduction)
         self._where = f"{comm.Get_name()} (rank {comm.rank} of {comm.size})"
         self._owns_comm = owns_comm
@@ -86,6 +87,8 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
     def _release(self):
         # Whatever is still in flight completes first: its buffers are MPI's until then.
         self.transport.issue_all()
+        self.transport.close()
+        activity.forget(self.comm)
         if self._owns_comm:
             lifetime.free_comm(self.comm)
 
@@ -102,9 +105,12 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
             raise ValueError(f"ReduceOp.AVG needs a floating-point tensor, got {tensor.dtype}")
         return name, red == dist.ReduceOp.AVG
 
-    def _submit(self, what, tensors, issue, result=None) -> Transfer:
+    def _submit(self, what, tensors, issue, result=None, call="") -> Transfer:
+        """Start ``what``; ``call=None`` for point-to-point (not a collective: neither
+        counted for the watchdog nor compared by HPCDDP_DEBUG=detail)."""
         self._check_open()
-        return self.transport.submit(f"{what} on {self._where}", tensors, issue, result)
+        return self.transport.submit(f"{what} on {self._where}", tensors, issue, result,
+                                     what if call == "" else call)
 
     def _work(self, transfers, result, cls=Work):
         return cls(transfers, result)
@@ -236,8 +242,10 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
 
             def issue(src, dst):
                 return self.comm.Ialltoallv([src.buf, send], [dst.buf, recv])
+        # With split sizes each rank's input may differ: only the dtype must agree.
         transfer = self._submit(_label("all_to_all", input),
-                                [(input, True, False), (output, False, True)], issue)
+                                [(input, True, False), (output, False, True)], issue,
+                                call=f"all_to_all of {str(input.dtype)[6:]}")
         return self._work([transfer], [output])
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
@@ -250,7 +258,8 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
             return self.comm.Ialltoallv([src.buf, (sizes, _displs(sizes))],
                                         [dst.buf, (recv_sizes, _displs(recv_sizes))])
         transfer = self._submit(_label("all_to_all", flat_in),
-                                [(flat_in, True, False), (flat_out, False, True)], issue)
+                                [(flat_in, True, False), (flat_out, False, True)], issue,
+                                call=f"all_to_all of {str(flat_in.dtype)[6:]}")
         transfer.then(lambda: _unflatten(flat_out, output_tensors))
         return self._work([transfer], list(output_tensors))
 
@@ -259,14 +268,16 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
 
     def send(self, tensors, dstRank, tag):
         transfers = [self._submit(_label(f"send to rank {dstRank}", t), [(t, True, False)],
-                                  lambda b: self.comm.Isend(b.buf, dest=dstRank, tag=tag))
+                                  lambda b: self.comm.Isend(b.buf, dest=dstRank, tag=tag),
+                                  call=None)
                      for t in tensors]
         return self._work(transfers, list(tensors))
 
     def recv(self, tensors, srcRank, tag):
         transfers = [self._submit(_label(f"receive from rank {srcRank}", t),
                                   [(t, False, True)],
-                                  lambda b: self.comm.Irecv(b.buf, source=srcRank, tag=tag))
+                                  lambda b: self.comm.Irecv(b.buf, source=srcRank, tag=tag),
+                                  call=None)
                      for t in tensors]
         return self._work(transfers, list(tensors))
 
@@ -276,7 +287,7 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
         def issue(b):
             return _StatusRequest(self.comm.Irecv(b.buf, source=MPI.ANY_SOURCE, tag=tag), status)
         transfer = self._submit(_label("receive from any rank", tensors[0]),
-                                [(tensors[0], False, True)], issue)
+                                [(tensors[0], False, True)], issue, call=None)
         transfer.then(lambda: setattr(transfer, "result", status.Get_source()))
         return self._work([transfer], list(tensors), RecvWork)
 
@@ -292,7 +303,7 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
 
 
 def _label(what, tensor):
-    return f"{what} of {tensor.numel()} {str(tensor.dtype)[6:]}"
+    return f"{what} of {tensor.numel()} {str(tensor.dtype)[6:]} {list(tensor.shape)}"
 
 
 class _StatusRequest:

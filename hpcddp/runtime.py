@@ -9,22 +9,44 @@ world last. ``finalize()`` does the same and then finalizes MPI, for a process t
 must leave MPI before it exits (the preemption path).
 """
 
-from typing import Optional
+from datetime import timedelta
+from typing import Optional, Union
 
-from mpi4py import MPI
-
-from hpcddp.comm import lifetime
-from hpcddp.comm.abort import install_abort_hook, uninstall_abort_hook
+from hpcddp.comm.startup import start_mpi
 from hpcddp.env import get_setting
-from hpcddp.process_group import destroy_default_group, init_default_group, register_backend
-from hpcddp.world import World
+
+# MPI starts here, bounded by HPCDDP_TIMEOUT (a rank that never starts MPI would hold
+# the others in MPI_Init for good); the imports below would start it unbounded.
+start_mpi(get_setting("TIMEOUT"))
+
+from mpi4py import MPI  # noqa: E402
+
+from hpcddp.comm import lifetime  # noqa: E402
+from hpcddp.comm.abort import abort_job, install_abort_hook, uninstall_abort_hook  # noqa: E402
+from hpcddp.comm.topology import MissingRanksError  # noqa: E402
+from hpcddp.comm.watchdog import Watchdog  # noqa: E402
+from hpcddp.process_group import (  # noqa: E402
+    destroy_default_group, init_default_group, register_backend)
+from hpcddp.world import World  # noqa: E402
 
 __all__ = ["finalize", "get_world", "init", "shutdown"]
 
 _WORLD: Optional[World] = None
 
 
-def init(comm=None, *, torch_group: Optional[bool] = None) -> World:
+def _seconds(timeout) -> float:
+    """``init``'s timeout (seconds or a timedelta; None: ``HPCDDP_TIMEOUT``) in seconds."""
+    if timeout is None:
+        return get_setting("TIMEOUT")
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    if not seconds >= 0:
+        raise ValueError(f"hpcddp.init(timeout={timeout!r}): give seconds >= 0 (0: no "
+                         f"limit) or a datetime.timedelta")
+    return seconds
+
+
+def init(comm=None, *, torch_group: Optional[bool] = None,
+         timeout: Union[float, timedelta, None] = None) -> World:
     """Join the job: bind devices and threads and set up torch.distributed on MPI.
 
     Idempotent: later calls return the same ``World``.
@@ -34,6 +56,10 @@ def init(comm=None, *, torch_group: Optional[bool] = None) -> World:
             on a private duplicate of it.
         torch_group: initialize torch.distributed's default group on MPI (unless one is
             already initialized). Defaults to ``HPCDDP_TORCH_GROUP`` (on).
+        timeout: seconds (or a ``timedelta``) any hpcddp wait may last before the job
+            ends with a report of where it is stuck (``hpcddp.comm.watchdog``); 0 waits
+            for ever. Defaults to ``HPCDDP_TIMEOUT`` (600 s, as torch's). It also bounds
+            the wait for every rank to reach ``init()``.
 
     Returns:
         The ``World`` of this rank.
@@ -56,7 +82,14 @@ def init(comm=None, *, torch_group: Optional[bool] = None) -> World:
                 "hpcddp.init() was already called with another communicator; call "
                 "hpcddp.shutdown() first to switch communicators")
         return _WORLD
-    _WORLD = World(comm)
+    seconds = _seconds(timeout)
+    try:
+        world = World(comm, timeout=seconds)
+    except MissingRanksError as error:
+        abort_job(MPI.COMM_WORLD if comm is None else comm, str(error))
+    world.timeout = seconds
+    world.watchdog = Watchdog(world.comm, seconds, get_setting("STALL_WARN"))
+    _WORLD = world
     register_backend(_world_for_backend)
     if get_setting("TORCH_GROUP") if torch_group is None else torch_group:
         init_default_group(_WORLD)
@@ -90,6 +123,7 @@ def shutdown() -> None:
     global _WORLD
     if _WORLD is None:
         return
+    _WORLD.watchdog.depart()
     destroy_default_group()
     uninstall_abort_hook()
     lifetime.close_all()

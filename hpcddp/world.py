@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 import torch
 from mpi4py import MPI
 
+from hpcddp.comm import activity
 from hpcddp.comm.agree import decide_on_root
 from hpcddp.comm.cuda_aware import detect_cuda_aware
 from hpcddp.comm.lifetime import Closable, free_comm
@@ -99,17 +100,21 @@ class World(Closable):
         launcher: the launcher that started this process, as text.
         num_threads: torch's intra-op thread count on this rank.
         thread_level: MPI's thread level ("multiple", ...).
+        timeout: seconds an hpcddp wait may last before the job ends (0: no limit).
+        watchdog: the ``hpcddp.comm.watchdog.Watchdog`` that enforces it.
 
     ``close()`` frees the communicators (``hpcddp.shutdown()`` does it).
     """
 
     _what = "hpcddp World"
 
-    def __init__(self, comm=None):
+    def __init__(self, comm=None, timeout: Optional[float] = None):
         parent = MPI.COMM_WORLD if comm is None else comm
         check_not_singleton(MPI.COMM_WORLD.Get_size())
         self.parent = parent
-        self.comm = clone_comm(parent)
+        self.comm = clone_comm(parent, timeout=timeout, what="hpcddp.init()")
+        activity.set_reference(self.comm)  # reports name ranks of this world
+        activity.channel_for(self.comm, "world")
         layout = node_layout(self.comm)
         self.local_comm = layout.local_comm
         self.rank, self.size = self.comm.rank, self.comm.size
@@ -177,10 +182,12 @@ class World(Closable):
 
         .. warning:: Synchronization point.
         """
-        self.comm.Barrier()
+        with activity.blocking("World.barrier()", self.comm, "world"):
+            self.comm.Barrier()
 
     def _release(self) -> None:
         for comm in (self.local_comm, self.comm):
+            activity.forget(comm)
             free_comm(comm)
 
     free = Closable.close

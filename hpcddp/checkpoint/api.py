@@ -14,6 +14,7 @@ from torch import nn
 from hpcddp.checkpoint import store
 from hpcddp.checkpoint.hook_state import capture_hook_state, restore_hook_state
 from hpcddp.checkpoint.rng import capture_rng, reseed_rng, restore_rng
+from hpcddp.comm import activity
 from hpcddp.comm.agree import share_outcome
 from hpcddp.ddp import DistributedDataParallel
 from hpcddp.runtime import get_world
@@ -48,7 +49,7 @@ def _bucketed(model):
 def _agree(comm, outcome):
     """Rank 0's outcome on every rank, raised everywhere if an error; the other ranks
     sleep meanwhile, leaving their cores to rank 0, which writes or reads for all."""
-    return share_outcome(comm, outcome, root=0, patient=True)
+    return share_outcome(comm, outcome, root=0, patient=True, what="checkpoint agreement")
 
 
 def save(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=None,
@@ -79,9 +80,12 @@ def save(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
     .. warning:: Collective and a synchronization point.
     """
     comm = _comm(comm)
-    rngs = comm.gather(capture_rng(), root=0)
+    with activity.blocking("checkpoint.save: gathering random states", comm):
+        rngs = comm.gather(capture_rng(), root=0)
     ddp = _bucketed(model)
-    hooks = comm.gather(capture_hook_state(ddp.reducer.hook_state) if ddp else None, root=0)
+    with activity.blocking("checkpoint.save: gathering comm hook states", comm):
+        hooks = comm.gather(capture_hook_state(ddp.reducer.hook_state) if ddp else None,
+                            root=0)
     if comm.rank != 0:
         return _agree(comm, None)
     outcome: Any
@@ -182,12 +186,13 @@ def _receive_verified(comm, directory, device):
         if header is None:
             return None
         path, size = header
-        if opened:
-            comm.Bcast(np.frombuffer(opened.map, np.uint8), root=0)
-            source = os.path.join(path, store.STATE)
-        else:
-            source = _InMemoryFile(size)
-            comm.Bcast(source.array, root=0)
+        with activity.blocking(f"checkpoint.load: broadcast of {path}", comm):
+            if opened:
+                comm.Bcast(np.frombuffer(opened.map, np.uint8), root=0)
+                source = os.path.join(path, store.STATE)
+            else:
+                source = _InMemoryFile(size)
+                comm.Bcast(source.array, root=0)
         try:
             state = _deserialize(source, device)
         except Exception as error:  # noqa: BLE001 - decided together below
@@ -200,7 +205,8 @@ def _receive_verified(comm, directory, device):
         good = _agree(comm, good)
         if good:
             # The bytes are what was published: a failure to read them is everyone's.
-            failed = comm.allreduce(isinstance(state, Exception), op=MPI.LOR)
+            with activity.blocking("checkpoint.load: agreement on deserializing", comm):
+                failed = comm.allreduce(isinstance(state, Exception), op=MPI.LOR)
             if failed:
                 raise state if isinstance(state, Exception) else RuntimeError(
                     f"{path}: another rank could not deserialize the checkpoint")

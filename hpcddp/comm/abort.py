@@ -2,21 +2,31 @@
 
 Without this, a rank that raises exits while the others wait forever in their next
 collective. ``MPI_Abort`` makes the launcher kill every rank and exit non-zero.
+
+``import hpcddp`` installs an early form of the hook (``install_early_hook``): a rank
+that raises before ``hpcddp.init()`` (an import error on one node) would otherwise leave
+the others waiting in initialization. It initializes MPI only to abort, and only in a
+process a launcher started as one of several ranks.
 """
 
+import multiprocessing
+import os
 import socket
 import sys
 import threading
+import time
 import traceback
 
-__all__ = ["abort_job", "install_abort_hook", "uninstall_abort_hook"]
+__all__ = ["abort_job", "install_abort_hook", "install_early_hook", "uninstall_abort_hook"]
 
 _installed = {}
 
 
-def abort_job(comm, message: str, exc_info=None, code: int = 1, detail: str = "") -> None:
+def abort_job(comm, message: str, exc_info=None, code: int = 1, detail: str = "",
+              grace: float = 0.0) -> None:
     """Print ``message`` prefixed with the rank, then a traceback or ``detail`` with each
-    line marked by the rank, then abort ``comm``: the launcher ends every rank."""
+    line marked by the rank, wait ``grace`` seconds, then abort ``comm``: the launcher
+    ends every rank."""
     head = f"hpcddp: rank {comm.rank} of {comm.size} on {socket.gethostname()}: {message}"
     try:
         sys.stdout.flush()
@@ -24,6 +34,7 @@ def abort_job(comm, message: str, exc_info=None, code: int = 1, detail: str = ""
         sys.stderr.write(head + "\n" + "".join(f"[rank {comm.rank}] {ln}"
                                                for ln in text.splitlines(True)))
         sys.stderr.flush()
+        time.sleep(grace)
     finally:
         comm.Abort(code)
 
@@ -59,3 +70,40 @@ def install_abort_hook(comm) -> None:
 def uninstall_abort_hook() -> None:
     """Stop aborting on uncaught exceptions (the hooks fall through to Python's)."""
     _installed["comm"] = None
+
+
+def _launched_as_one_of_several() -> bool:
+    """Whether a launcher started this process as one rank of several (not a worker
+    process started by a rank, which inherits the launcher's variables)."""
+    from hpcddp.env import detect_launcher, get_setting
+
+    try:
+        if not get_setting("ABORT_ON_ERROR"):
+            return False
+    except ValueError:
+        pass  # a bad value is reported by init(); aborting is the safe reading here
+    if multiprocessing.parent_process() is not None or os.getpid() != _installed["pid"]:
+        return False
+    return (detect_launcher().world_size or 1) > 1
+
+
+def install_early_hook() -> None:
+    """Before ``hpcddp.init()``: an uncaught exception in a rank of a multi-rank job
+    aborts the whole job (``MPI_Abort`` on ``COMM_WORLD``). Idempotent; starts nothing."""
+    if _installed.get("early"):
+        return
+    _installed["early"], _installed["pid"] = True, os.getpid()
+    previous = sys.excepthook
+
+    def _early_hook(exc_type, exc, tb):
+        if _installed.get("comm") is None and _launched_as_one_of_several():
+            from mpi4py import MPI  # initializes MPI if this rank never did
+
+            # An error raised on every rank (a bad setting) reaches each rank's hook
+            # within moments: a short grace lets each print its own before one aborts all.
+            abort_job(MPI.COMM_WORLD, "uncaught exception before hpcddp.init() finished; "
+                      "aborting all ranks (HPCDDP_ABORT_ON_ERROR=0 turns this off)",
+                      (exc_type, exc, tb), grace=1.0)
+        return previous(exc_type, exc, tb)
+
+    sys.excepthook = _early_hook

@@ -10,6 +10,8 @@ import pickle
 import time
 from typing import Any, Callable
 
+from hpcddp.comm import activity
+
 __all__ = ["decide_on_root", "share_outcome"]
 
 
@@ -24,7 +26,8 @@ def _portable(outcome):
         return RuntimeError(f"{type(outcome).__name__}: {outcome}")
 
 
-def share_outcome(comm, outcome: Any = None, root: int = 0, patient: bool = False) -> Any:
+def share_outcome(comm, outcome: Any = None, root: int = 0, patient: bool = False,
+                  what: str = "") -> Any:
     """Return root's ``outcome`` on every rank, raising it everywhere if it is an exception.
 
     Args:
@@ -33,21 +36,23 @@ def share_outcome(comm, outcome: Any = None, root: int = 0, patient: bool = Fals
         root: the deciding rank.
         patient: the other ranks wait with short sleeps instead of MPI's busy polling,
             leaving their cores to the root while it works (writing, hashing) for all.
+        what: the decision, for the watchdog's reports.
 
     .. warning:: Collective.
     """
-    if patient:
-        arrived = comm.Ibarrier()
-        while not arrived.Test():
-            time.sleep(0.0005)
-    value = comm.bcast(_portable(outcome) if comm.rank == root else None, root=root)
+    with activity.blocking(f"{what or 'a decision'} from rank {root}", comm):
+        if patient:
+            arrived = comm.Ibarrier()
+            while not arrived.Test():
+                time.sleep(0.0005)
+        value = comm.bcast(_portable(outcome) if comm.rank == root else None, root=root)
     if isinstance(value, BaseException):
         raise value
     return value
 
 
 def decide_on_root(comm, decide: Callable[..., Any], *args, root: int = 0,
-                   patient: bool = False) -> Any:
+                   patient: bool = False, what: str = "") -> Any:
     """Run ``decide(*args)`` on ``root``; return its value, or raise its error, on every rank.
 
     .. warning:: Collective.
@@ -58,4 +63,4 @@ def decide_on_root(comm, decide: Callable[..., Any], *args, root: int = 0,
             outcome = decide(*args)
         except Exception as error:  # noqa: BLE001 - raised on every rank by share_outcome
             outcome = error
-    return share_outcome(comm, outcome, root, patient)
+    return share_outcome(comm, outcome, root, patient, what or getattr(decide, "__name__", ""))

@@ -12,6 +12,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from mpi4py import MPI
 
+from hpcddp.comm import activity
+
 __all__ = ["Handle", "HandleTimeout", "wait_all"]
 
 
@@ -42,13 +44,17 @@ class Handle:
         handle.wait()  # buf now holds the sum
     """
 
-    __slots__ = ("name", "result", "_requests", "_keep", "_callbacks", "_done", "_statuses",
-                 "_lock")
+    __slots__ = ("name", "result", "channel", "seq", "call", "_requests", "_keep", "_callbacks",
+                 "_done", "_statuses", "_lock")
 
     def __init__(self, requests: Sequence["MPI.Request"] = (), keep: Iterable = (),
                  on_complete: Optional[Callable[[], None]] = None, statuses: bool = False,
                  name: str = "MPI operation", result: Any = None, lock=None):
         self.name, self.result = name, result
+        # The collective this is, for the watchdog: its channel and sequence number.
+        self.channel: Optional[activity.Channel] = None
+        self.seq: Optional[int] = None
+        self.call: Optional[str] = None
         self._lock = lock if lock is not None else _NO_LOCK
         self._requests = list(requests)
         self._keep = list(keep)
@@ -109,9 +115,14 @@ class Handle:
         """
         if self._done:
             return self.result
-        if timeout is None:
-            self._block()
-            return self.result
+        with activity.waiting(self.name, self.channel, self.seq, self.call):
+            if timeout is None:
+                self._block()
+            else:
+                self._poll(timeout)
+        return self.result
+
+    def _poll(self, timeout: float) -> None:
         deadline, pause = time.monotonic() + timeout, 1e-5
         while not self.test():
             left = deadline - time.monotonic()
@@ -122,7 +133,6 @@ class Handle:
                     f"a collective); wait again, or end the job")
             time.sleep(min(pause, left))
             pause = min(pause * 2, 1e-3)
-        return self.result
 
     def source(self, index: int = 0) -> int:
         """The sender of request ``index`` (a receive), once complete; needs ``statuses=True``."""

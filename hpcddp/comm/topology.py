@@ -1,10 +1,15 @@
 """The library's private communicator and the node layout derived from it."""
 
-from typing import NamedTuple
+import time
+from typing import NamedTuple, Optional
 
 from mpi4py import MPI
 
-__all__ = ["NodeLayout", "clone_comm", "node_layout"]
+__all__ = ["MissingRanksError", "NodeLayout", "clone_comm", "node_layout"]
+
+
+class MissingRanksError(RuntimeError):
+    """Not every rank arrived at a collective start within the time allowed."""
 
 
 class NodeLayout(NamedTuple):
@@ -17,13 +22,36 @@ class NodeLayout(NamedTuple):
     num_nodes: int
 
 
-def clone_comm(comm=None, name="hpcddp.world") -> "MPI.Intracomm":
+def clone_comm(comm=None, name="hpcddp.world", timeout: Optional[float] = None,
+               what: str = "") -> "MPI.Intracomm":
     """Return a private duplicate of ``comm`` (COMM_WORLD by default).
 
     Library traffic on the duplicate can never match a message or collective the user
     issues on the original.
+
+    Args:
+        timeout: seconds to wait for every rank to arrive; None or 0 waits for ever.
+        what: the call that duplicates, for the timeout's message.
+
+    Raises:
+        MissingRanksError: ``timeout`` ran out (the duplicate stays pending).
+
+    .. warning:: Collective.
     """
-    dup = (MPI.COMM_WORLD if comm is None else comm).Dup()
+    source = MPI.COMM_WORLD if comm is None else comm
+    if not timeout:
+        dup = source.Dup()
+    else:
+        dup, request = source.Idup()
+        deadline = time.monotonic() + timeout
+        while not request.Test():
+            if time.monotonic() > deadline:
+                raise MissingRanksError(
+                    f"hpcddp: not every one of the {source.size} ranks reached {what or name} "
+                    f"within {timeout:g} s (HPCDDP_TIMEOUT). A rank may have failed before "
+                    f"it (its error is printed above), or be still busy; if ranks start "
+                    f"this slowly, raise HPCDDP_TIMEOUT or pass hpcddp.init(timeout=...)")
+            time.sleep(0.001)
     dup.Set_name(name)
     return dup
 

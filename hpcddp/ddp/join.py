@@ -21,6 +21,8 @@ import numpy as np
 from mpi4py import MPI
 from torch.distributed.algorithms.join import JoinHook
 
+from hpcddp.comm import activity
+
 from hpcddp.ddp.sync import broadcast_tensors
 
 __all__ = ["DDPJoinHook", "agree_on_sync", "common_rank"]
@@ -31,7 +33,8 @@ def common_rank(control, candidate: bool) -> int:
 
     .. warning:: Collective.
     """
-    rank = control.allreduce(control.rank if candidate else -1, op=MPI.MAX)
+    with activity.blocking("Join: which rank holds the model", control):
+        rank = control.allreduce(control.rank if candidate else -1, op=MPI.MAX)
     if rank < 0:
         raise RuntimeError("hpcddp Join: no rank qualified to provide the model state; "
                            "this is a bug in hpcddp")
@@ -42,13 +45,14 @@ class _Started:
     """A started message and its buffers, which must live until it completes (an mpi4py
     request does not keep a collective's arrays alive)."""
 
-    __slots__ = ("request", "buffers")
+    __slots__ = ("request", "buffers", "wait_in")
 
-    def __init__(self, request, buffers):
-        self.request, self.buffers = request, buffers
+    def __init__(self, request, buffers, wait_in):
+        self.request, self.buffers, self.wait_in = request, buffers, wait_in
 
     def wait(self) -> None:
-        self.request.Wait()
+        with self.wait_in:
+            self.request.Wait()
 
 
 def agree_on_sync(control, sync: bool, wait: bool):
@@ -62,9 +66,13 @@ def agree_on_sync(control, sync: bool, wait: bool):
     mine = np.array([1 if sync else 0], dtype=np.int32)
     answer = np.empty_like(mine)
     request = control.Iallreduce(mine, answer, op=MPI.MAX)
+    channel = activity.channel_for(control)
+    wait_in = activity.waiting("DDP agreement on syncing this backward", channel,
+                               channel.issue("DDP agreement on syncing this backward"))
     if not wait:
-        return _Started(request, (mine, answer))
-    request.Wait()
+        return _Started(request, (mine, answer), wait_in)
+    with wait_in:
+        request.Wait()
     return bool(answer[0])
 
 

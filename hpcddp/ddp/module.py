@@ -11,7 +11,7 @@ from mpi4py import MPI
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable
 
-from hpcddp.comm import lifetime
+from hpcddp.comm import activity, lifetime
 from hpcddp.ddp import hooks
 from hpcddp.ddp.buckets import DEFAULT_CAP_MB, FIRST_BUCKET_BYTES
 from hpcddp.ddp.join import DDPJoinHook, agree_on_sync, common_rank
@@ -134,6 +134,9 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
         self.reducer = None
         self._comm = parent.Dup()
         self._control = parent.Dup()
+        # One channel for both: the watchdog numbers this model's collectives in the
+        # order every rank issues them, buckets and control messages alike.
+        activity.share(self._control, activity.channel_for(self._comm, "DDP model"))
         self._opened()
         try:
             self._control_transport = Transport(self._control, world.cuda_aware)
@@ -341,7 +344,11 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
         self._complete_pending()
         if self.reducer is not None:
             self.reducer.remove_hooks()
+            self.reducer.transport.close()
+        if getattr(self, "_control_transport", None) is not None:
+            self._control_transport.close()
         for comm in (self._comm, self._control):
+            activity.forget(comm)
             lifetime.free_comm(comm)
 
     def __enter__(self):

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from hpcddp.comm import activity
 from hpcddp.comm.ranks import ranks_text
 from hpcddp.comm.progress import ProgressPump
 from hpcddp.comm.threads import helper_threads_allowed
@@ -156,7 +157,8 @@ class Reducer:
         if self._rebuild_order is None:
             return
         observed, self._rebuild_order = self._rebuild_order, None
-        order = self.control.bcast(observed, root=0)
+        with activity.blocking("DDP bucket order from rank 0", self.control):
+            order = self.control.bcast(observed, root=0)
         seen = set(order)
         order = order + [i for i in reversed(range(len(self.params))) if i not in seen]
         self.rebuild(order)
@@ -166,6 +168,7 @@ class Reducer:
         self._armed, self._sync, self._callback_queued = True, sync, False
         if not sync:
             return
+        self.transport.channel.step += 1  # for the watchdog's report of uneven inputs
         self._used[:] = 0
         self._fires[:] = 0
         self._twice = []
@@ -296,6 +299,7 @@ class Reducer:
         .. warning:: Collective, matching one synchronized backward elsewhere.
         """
         shadows = self._shadow_buckets()
+        self.transport.channel.step += 1
         for bucket in shadows:
             bucket.storage.zero_()
             bucket.start(self.hook)
@@ -323,7 +327,8 @@ class Reducer:
         gradient twice, or (without find_unused_parameters) none, complete every bucket
         and raise on every rank."""
         agreed = np.empty_like(flags)
-        self.control.Allreduce(flags, agreed, op=MPI.MAX)
+        with activity.blocking("DDP end-of-backward agreement", self.control):
+            self.control.Allreduce(flags, agreed, op=MPI.MAX)
         anyone_missing = not self.find_unused and agreed[0]
         if agreed[-1] or anyone_missing:
             self._drain(missing, buckets)
@@ -372,7 +377,8 @@ class Reducer:
 
         .. warning:: Collective.
         """
-        everyone = self.control.allgather(sorted(set(mine)))
+        with activity.blocking("DDP error report", self.control):
+            everyone = self.control.allgather(sorted(set(mine)))
         names = {}
         for rank, indices in enumerate(everyone):
             for i in indices:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hpcddp.comm import activity
 from hpcddp.transport.routes import host_array
 
 __all__ = ["allreduce_sparse", "sparse_parameters"]
@@ -39,17 +40,20 @@ def allreduce_sparse(comm, grad: Optional[torch.Tensor], like: torch.Tensor,
     else:
         indices = torch.empty((1, 0), dtype=torch.int64)
         values = torch.empty((0,) + tuple(like.shape[1:]), dtype=like.dtype)
-    everyone = comm.allgather((indices.shape[1], grad is not None))
+    with activity.blocking("sparse gradient sizes", comm):
+        everyone = comm.allgather((indices.shape[1], grad is not None))
     if not any(has for _, has in everyone):
         return None
     counts = [count for count, _ in everyone]
     all_indices = torch.empty(sum(counts), dtype=torch.int64)
-    comm.Allgatherv(host_array(indices.reshape(-1))[0],
-                    [host_array(all_indices)[0], counts])
+    with activity.blocking("sparse gradient indices", comm):
+        comm.Allgatherv(host_array(indices.reshape(-1))[0],
+                        [host_array(all_indices)[0], counts])
     row = int(np.prod(like.shape[1:], dtype=np.int64))
     all_values = torch.empty((sum(counts),) + tuple(like.shape[1:]), dtype=like.dtype)
-    comm.Allgatherv(host_array(values.reshape(-1))[0], [host_array(all_values.reshape(-1))[0],
-                                  [c * row for c in counts]])
+    with activity.blocking("sparse gradient values", comm):
+        comm.Allgatherv(host_array(values.reshape(-1))[0],
+                        [host_array(all_values.reshape(-1))[0], [c * row for c in counts]])
     total = torch.sparse_coo_tensor(all_indices.unsqueeze(0), all_values, like.shape,
                                     check_invariants=True)
     return (total.coalesce() / divisor).to(like.device)

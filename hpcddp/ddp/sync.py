@@ -4,6 +4,7 @@ from collections import OrderedDict
 
 import torch
 
+from hpcddp.comm import activity
 from hpcddp.comm.ranks import by_value, ranks_text
 
 __all__ = ["broadcast_tensors", "verify_same_parameters"]
@@ -17,7 +18,8 @@ def verify_same_parameters(comm, named_params) -> None:
     .. warning:: Collective.
     """
     mine = [(name, tuple(p.shape), str(p.dtype)) for name, p in named_params]
-    everyone = comm.allgather(mine)
+    with activity.blocking("DDP parameter check", comm):
+        everyone = comm.allgather(mine)
     reference = everyone[0]
     for position in range(max(len(ranks) for ranks in everyone)):
         seen = by_value(params[position] if position < len(params) else None

@@ -19,7 +19,7 @@ class ConfigError(ValueError):
 
 
 class _Setting(NamedTuple):
-    kind: str  # "bool", "tristate" (bool or "auto"), "int", "str", "choice"
+    kind: str  # "bool", "tristate" (bool or "auto"), "int", "seconds", "str", "choice"
     default: Union[bool, int, str, None]
     help: str
     choices: tuple = ()
@@ -34,6 +34,12 @@ _SETTINGS = {
         "tristate", None,
         "Override CUDA-awareness detection: 1 hands device buffers to MPI, 0 stages "
         "through host memory. Unset: ask the MPI library."),
+    "DEBUG": _Setting(
+        "choice", "off",
+        "detail: before each collective (DDP buckets, torch.distributed on the hpcddp "
+        "group), compare its kind, shape, dtype, root and sequence number across the "
+        "ranks and raise on every rank at the first difference, naming the ranks and both "
+        "calls (one small allgather per collective).", ("off", "detail")),
     "NUM_THREADS": _Setting(
         "int", 0,
         "torch intra-op threads per rank; 0 means the cores available to this rank "
@@ -58,6 +64,15 @@ _SETTINGS = {
         "Without CUDA-aware MPI, GPU buckets are staged through pinned host memory in "
         "pieces of this many KiB, so each piece's copies overlap with the reduction of "
         "its neighbours; 0 stages each bucket whole."),
+    "STALL_WARN": _Setting(
+        "seconds", 60.0,
+        "A wait in an hpcddp collective longer than this prints, once, which ranks have "
+        "not arrived and what they are doing; 0: no warning."),
+    "TIMEOUT": _Setting(
+        "seconds", 600.0,
+        "A wait in an hpcddp collective longer than this ends the job (MPI_Abort) with a "
+        "report of the stuck operation and of the ranks that have not arrived, as "
+        "hpcddp.init(timeout=...) does; 0: wait forever."),
     "TORCH_GROUP": _Setting(
         "bool", True,
         "hpcddp.init() initializes torch.distributed's default group on MPI unless one "
@@ -106,6 +121,15 @@ def get_setting(name: str, environ: Optional[Mapping[str, str]] = None):
         if number < 0:
             raise ConfigError(f"{var}={raw!r} is not a non-negative integer; e.g. {var}=4")
         return number
+    if spec.kind == "seconds":
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        if not seconds >= 0 or seconds == float("inf"):
+            raise ConfigError(f"{var}={raw!r} is not a number of seconds; e.g. {var}=600, "
+                              f"or {var}=0 for none")
+        return seconds
     return raw
 
 

@@ -18,7 +18,10 @@ from typing import Callable, Deque, List, Optional, Sequence, Tuple
 import torch
 from mpi4py import MPI
 
+from hpcddp.comm import activity
+from hpcddp.comm.fingerprint import CollectiveCheck
 from hpcddp.comm.handle import Handle
+from hpcddp.env import get_setting
 from hpcddp.transport.reductions import REDUCTIONS, Reduction
 from hpcddp.transport.routes import Binding, DeviceRoute, HostRoute, Route
 from hpcddp.transport.staging import StagedRoute
@@ -172,6 +175,9 @@ class Transport:
     def __init__(self, comm, cuda_aware: bool = False, cuda=torch.cuda, pinned: bool = True,
                  chunk_bytes: int = 4 << 20, reduction: str = "mpi"):
         self.comm, self.cuda_aware, self.cuda = comm, cuda_aware, cuda
+        self.channel = activity.channel_for(comm)
+        # HPCDDP_DEBUG=detail: every collective is compared across ranks before it is issued.
+        self.check = CollectiveCheck(comm) if get_setting("DEBUG") == "detail" else None
         self.chunk_bytes = chunk_bytes
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction={reduction!r}; use one of {sorted(REDUCTIONS)}")
@@ -225,7 +231,7 @@ class Transport:
             key = None if slot is None else (slot, piece)
             return lambda binding: reduction.start(binding, op, key)
         return self._start(route, name, [([b], issuer(k)) for k, b in enumerate(bindings)],
-                           tensor)
+                           tensor, f"allreduce ({op}) of {_shape(tensor)}")
 
     def _reduction_for(self, tensor: torch.Tensor, route: Route) -> Reduction:
         """The ring for 16-bit floats in host memory, else this transport's reduction.
@@ -247,10 +253,11 @@ class Transport:
         is_root = self.comm.rank == root
         name = name or f"broadcast of {tensor.numel()} {_dtype(tensor)} from rank {root}"
         return self.submit(name, [(tensor, is_root, not is_root)],
-                           lambda b: self.comm.Ibcast(b.buf, root=root), result=tensor)
+                           lambda b: self.comm.Ibcast(b.buf, root=root), result=tensor,
+                           call=f"broadcast from rank {root} of {_shape(tensor)}")
 
     def submit(self, name: str, tensors: Sequence[Tuple[torch.Tensor, bool, bool]],
-               issue: Issue, result=None) -> Transfer:
+               issue: Issue, result=None, call: Optional[str] = "") -> Transfer:
         """Start one MPI operation on ``tensors``.
 
         Args:
@@ -259,16 +266,27 @@ class Transport:
             issue: called with one ``Binding`` per tensor once all are ready; returns
                 the MPI request.
             result: what the transfer's ``wait()`` returns.
+            call: what every rank must agree on for a collective (kind, shape, dtype,
+                root), ``name`` when empty; None for point-to-point, which is neither
+                counted nor compared.
         """
         bindings, route = [], self.host
         for tensor, read, write in tensors:
             route = self.route_for(tensor)
             bindings.extend(route.bind(tensor, read=read, write=write))
-        return self._start(route, name, [(bindings, issue)], result)
+        return self._start(route, name, [(bindings, issue)], result,
+                           name if call == "" else call)
 
-    def _start(self, route, name, parts, result) -> Transfer:
+    def _start(self, route, name, parts, result, call: Optional[str]) -> Transfer:
+        seq = None
+        if call is not None:
+            seq = self.channel.issue(name)
+            if self.check is not None:
+                self.check.verify(self.channel, seq, call)
         with self.lock:
             transfer = Transfer(self, route, name, result)
+            if call is not None:
+                transfer.channel, transfer.seq, transfer.call = self.channel, seq, call
             transfer.pieces = [_Piece(transfer, bindings, issue) for bindings, issue in parts]
             self._unissued.extend(transfer.pieces)
             self.advance()
@@ -326,6 +344,18 @@ class Transport:
         """Pieces started but not yet issued."""
         return len(self._unissued)
 
+    def close(self) -> None:
+        """Free what this transport made for itself (the collective check's communicator).
+
+        .. warning:: Collective where ``HPCDDP_DEBUG=detail``.
+        """
+        if self.check is not None:
+            self.check.close()
+
 
 def _dtype(tensor) -> str:
     return str(tensor.dtype)[6:]
+
+
+def _shape(tensor) -> str:
+    return f"{_dtype(tensor)}{list(tensor.shape)}"

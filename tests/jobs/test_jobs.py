@@ -16,12 +16,16 @@ def test_exception_on_one_rank_aborts_the_whole_job(run_job):
     assert "must not happen" not in job.stdout
 
 
-def test_without_the_abort_hook_the_same_job_hangs(run_job):
-    # The negative control: with the hook off, the ranks in the barrier wait forever.
-    job = run_job(["tests/jobs/scripts/raise_on_rank1.py"], n=2, timeout=FAIL_FAST,
+def test_without_the_abort_hook_the_watchdog_still_ends_the_job(run_job):
+    # With the hook off, rank 1 exits normally after its traceback; the rank waiting in
+    # the barrier learns that rank 1 has left without reaching it, and ends the job.
+    job = run_job(["tests/jobs/scripts/raise_on_rank1.py"], n=2, timeout=60,
                   env={"HPCDDP_ABORT_ON_ERROR": "0"})
-    assert job.timed_out
-    assert "hpcddp: rank 1" not in job.stderr
+    assert not job.timed_out and job.returncode != 0
+    assert job.seconds < FAIL_FAST, f"took {job.seconds:.1f}s to fail"
+    assert "uncaught exception" not in job.stderr  # the hook did not act
+    assert "hpcddp: rank 0 of 2" in job.stderr
+    assert "rank 1 left the job before reaching it" in job.stderr
 
 
 def test_failing_test_on_one_rank_ends_the_pytest_job(run_job):

@@ -1,0 +1,191 @@
+"""What this rank is doing in MPI, kept cheaply so the watchdog can tell where a job is stuck.
+
+Every communicator hpcddp issues collectives on has a ``Channel`` that counts them. All
+members issue the same collectives on a communicator in the same order (MPI requires
+it), so the count is a sequence number that means the same on every rank: a rank whose
+count is below the number of the collective another rank waits in has not reached it.
+Each blocking wait is entered here (``waiting``) with the operation's name, channel and
+number, and left when it returns. The watchdog (``watchdog.py``) reads this from its own
+thread; the main thread only writes a few attributes, so the cost on a healthy step is
+a handful of attribute stores per collective.
+"""
+
+import itertools
+import sys
+import threading
+import time
+import traceback
+from typing import Dict, List, Optional, Tuple
+
+from mpi4py import MPI
+
+__all__ = ["Channel", "blocking", "channel_for", "current_waits", "forget", "main_stack",
+           "set_reference", "share", "snapshot", "waiting"]
+
+
+class Channel:
+    """The collectives issued on one communicator, counted.
+
+    Attributes:
+        name: the same on every member ("DDP model #0").
+        members: the members' ranks in the hpcddp world.
+        count: collectives issued so far; the last one's sequence number.
+        step: for a DDP model, the synchronized backward passes started so far.
+    """
+
+    __slots__ = ("name", "members", "count", "step")
+
+    def __init__(self, name: str, members: Tuple[int, ...]):
+        self.name, self.members = name, members
+        self.count = self.step = 0
+
+    def issue(self, what: str) -> int:
+        """Count one collective, ``what``, issued now; return its sequence number."""
+        self.count += 1
+        _state.last = (what, self.name, self.count)
+        return self.count
+
+
+class _State:
+    def __init__(self):
+        self.channels: Dict[int, Channel] = {}   # id(comm) -> its channel
+        self.numbers: Dict[tuple, itertools.count] = {}
+        self.waits: Dict[int, List["_Wait"]] = {}  # thread ident -> waits, innermost last
+        self.last: Optional[tuple] = None        # (what, channel name, number) last issued
+        self.reference = None                    # the group whose ranks reports use
+        self.lock = threading.Lock()
+
+
+_state = _State()
+
+
+def set_reference(comm) -> None:
+    """Report ranks as ranks of ``comm`` (the hpcddp world); None: COMM_WORLD."""
+    _state.reference = None if comm is None else comm.Get_group()
+
+
+def _members(comm) -> Tuple[int, ...]:
+    reference = _state.reference or MPI.COMM_WORLD.Get_group()
+    group = comm.Get_group()
+    try:
+        ranks = MPI.Group.Translate_ranks(group, list(range(comm.size)), reference)
+    finally:
+        group.Free()
+    return tuple(ranks)
+
+
+def channel_for(comm, kind: Optional[str] = None) -> Channel:
+    """The channel of ``comm``, made on first use and named ``"<kind> #k"``.
+
+    Names are numbered per kind and member set in the order channels are made, which is
+    the same on every member: communicators are made collectively.
+    """
+    channel = _state.channels.get(id(comm))
+    if channel is not None:
+        return channel
+    members = _members(comm)
+    kind = kind or comm.Get_name() or "communicator"
+    with _state.lock:
+        number = next(_state.numbers.setdefault((kind, members), itertools.count()))
+        channel = _state.channels[id(comm)] = Channel(f"{kind} #{number}", members)
+    return channel
+
+
+def share(comm, channel: Channel) -> Channel:
+    """Count ``comm``'s collectives on ``channel`` too: a second communicator that the same
+    owner issues on in program order (a DDP model's control messages beside its buckets)."""
+    _state.channels[id(comm)] = channel
+    return channel
+
+
+def forget(comm) -> None:
+    """``comm`` is being freed: a new communicator may reuse its id."""
+    _state.channels.pop(id(comm), None)
+
+
+class _Wait:
+    """One blocking wait in progress."""
+
+    __slots__ = ("name", "channel", "seq", "call", "since", "thread", "warned")
+
+    def __init__(self, name: str, channel: Optional[Channel], seq: Optional[int],
+                 call: Optional[str] = None):
+        self.name, self.channel, self.seq = name, channel, seq
+        self.call = call or name  # what every rank must agree on (no rank-specific text)
+        self.since = time.monotonic()
+        self.thread = threading.get_ident()
+        self.warned = False
+
+    def __enter__(self):
+        self.since = time.monotonic()
+        _state.waits.setdefault(self.thread, []).append(self)
+        return self
+
+    def __exit__(self, *exc):
+        stack = _state.waits.get(self.thread)
+        if stack:
+            stack.pop()
+        return False
+
+    def describe(self) -> str:
+        if self.channel is None:
+            return self.name
+        return f"{self.name} (collective {self.seq} on {self.channel.name})"
+
+    def as_dict(self) -> dict:
+        return {"what": self.describe(), "call": self.call, "channel": self.channel and self.channel.name,
+                "seq": self.seq, "seconds": round(time.monotonic() - self.since, 1),
+                "thread": _thread_name(self.thread)}
+
+
+def waiting(name: str, channel: Optional[Channel] = None, seq: Optional[int] = None,
+            call: Optional[str] = None) -> _Wait:
+    """A context for a blocking wait in collective ``seq`` of ``channel`` (or in ``name``
+    alone, when it is no numbered collective); ``call`` describes it the same way on
+    every rank where ``name`` does not."""
+    return _Wait(name, channel, seq, call)
+
+
+def blocking(name: str, comm, kind: Optional[str] = None) -> _Wait:
+    """A context for a blocking collective on ``comm``: counts it, then waits in it.
+
+    Example::
+
+        with activity.blocking("agreement on unused parameters", control):
+            order = control.bcast(observed, root=0)
+    """
+    channel = channel_for(comm, kind)
+    return _Wait(name, channel, channel.issue(name))
+
+
+def current_waits() -> List[_Wait]:
+    """Every wait in progress, on any thread (a copy)."""
+    return [wait for stack in list(_state.waits.values()) for wait in list(stack)]
+
+
+def _thread_name(ident: int) -> str:
+    for thread in threading.enumerate():
+        if thread.ident == ident:
+            return thread.name
+    return str(ident)
+
+
+def main_stack(limit: int = 12) -> str:
+    """The main thread's Python stack, innermost last (what a rank in user code runs)."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    if frame is None:
+        return "(the main thread has ended)\n"
+    return "".join(traceback.format_stack(frame, limit=limit))
+
+
+def snapshot(stack: bool = True) -> dict:
+    """This rank's state for a report: channel counts, waits, last collective, stack."""
+    waits = current_waits()
+    main = threading.main_thread().ident
+    return {
+        "channels": {c.name: (c.count, c.step) for c in list(_state.channels.values())},
+        "waits": [wait.as_dict() for wait in waits],
+        "last": _state.last,
+        "in_user_code": not any(wait.thread == main for wait in waits),
+        "stack": main_stack() if stack else "",
+    }

@@ -1,0 +1,292 @@
+"""The watchdog: no hpcddp wait lasts forever, and a stuck job says where it is stuck.
+
+A helper thread on every rank looks, a few times a second, at the waits this rank is in
+(``activity.py``). It does not depend on the stuck operation: it talks on a private
+control communicator of its own, with small point-to-point messages.
+
+- A wait older than ``HPCDDP_STALL_WARN`` seconds: it asks every rank what it is doing
+  and prints, once, which ranks have not reached the collective and where they are.
+- A wait older than ``HPCDDP_TIMEOUT`` seconds: the same report, then ``MPI_Abort``.
+- A rank that leaves the job (its script ends, ``sys.exit``, ``hpcddp.shutdown()``)
+  tells every other rank, with its collective counts. A rank waiting in a collective
+  the one that left never reached cannot succeed, and ends the job at once; this is
+  also how uneven inputs without ``join()`` end. Leaving waits, bounded by the timeout,
+  until every rank has left, so ``MPI_Finalize`` never waits for a rank stuck elsewhere.
+
+Asking other ranks needs ``MPI_THREAD_MULTIPLE``. Below it the thread calls no MPI
+until the timeout: the report then shows this rank's wait and stack only, and the one
+MPI call it makes is ``MPI_Abort``.
+"""
+
+import atexit
+import sys
+import threading
+import time
+from typing import Dict, List, Optional
+
+from mpi4py import MPI
+
+from hpcddp.comm import activity
+from hpcddp.comm.abort import abort_job
+from hpcddp.comm.lifetime import Closable, free_comm
+from hpcddp.comm.ranks import ranks_text
+from hpcddp.comm.topology import clone_comm
+
+__all__ = ["Watchdog", "current"]
+
+_QUERY, _REPLY, _LEFT = 1, 2, 3
+_ANSWER_SECONDS = 5.0  # how long a report waits for the other ranks' answers
+_current: Dict[str, "Watchdog"] = {}
+
+
+def current() -> Optional["Watchdog"]:
+    """The running watchdog, if any."""
+    return _current.get("watchdog")
+
+
+class Watchdog(Closable):
+    """Watch this rank's waits; warn of stalls, end the job on a timeout.
+
+    Args:
+        comm: the hpcddp world's communicator; the watchdog duplicates it.
+        timeout: seconds a wait may last before the job ends; 0: never.
+        stall_warn: seconds after which a wait is reported once; 0: never.
+
+    .. warning:: Construction and ``close()`` are collective.
+    """
+
+    _what = "hpcddp watchdog"
+
+    def __init__(self, comm, timeout: float, stall_warn: float):
+        self.comm = clone_comm(comm, "hpcddp.watchdog")
+        self.rank, self.size = self.comm.rank, self.comm.size
+        self.timeout, self.stall_warn = timeout, stall_warn
+        self.threaded = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+        limits = [s for s in (timeout, stall_warn) if s > 0]
+        self.tick = min([0.2] + [s / 10 for s in limits])
+        self.departed: Dict[int, dict] = {}
+        self.paused = False  # for measuring what the thread costs
+        self._leaving = False
+        self._leave_wait = None
+        self._replies: Dict[int, dict] = {}
+        self._sends: List["MPI.Request"] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hpcddp-watchdog", daemon=True)
+        self._opened()
+        _current["watchdog"] = self
+        atexit.register(self.depart)  # runs before lifetime's close_all (registered first)
+        self._thread.start()
+
+    # -- leaving -------------------------------------------------------------------------
+
+    def depart(self) -> None:
+        """Tell every other rank that this one is leaving, with its collective counts.
+
+        Called first by ``hpcddp.shutdown()`` and at interpreter exit. Idempotent.
+        """
+        if self._leaving or self._closed:
+            return
+        self._leaving = True
+        if self.threaded:
+            note = activity.snapshot(stack=False)
+            for rank in range(self.size):
+                if rank != self.rank:
+                    self._sends.append(self.comm.isend(note, dest=rank, tag=_LEFT))
+
+    def _wait_for_departures(self) -> None:
+        """Wait until every rank has left, watched like any other wait."""
+        with activity.waiting("leaving the job (waiting for every rank to finish)") as wait:
+            self._leave_wait = wait
+            if self.threaded:
+                while len(self.departed) < self.size - 1 and self._thread.is_alive():
+                    time.sleep(0.005)
+            else:
+                request = self.comm.Ibarrier()
+                while not request.Test():
+                    time.sleep(0.005)
+
+    def _release(self) -> None:
+        self.depart()
+        self._wait_for_departures()
+        self._stop.set()
+        self._thread.join()
+        if self.threaded:
+            self._serve()
+            MPI.Request.Waitall(self._sends)
+        _current.pop("watchdog", None)
+        atexit.unregister(self.depart)
+        activity.set_reference(None)
+        free_comm(self.comm)
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.tick):
+            if self.paused:
+                continue
+            if self.threaded:
+                self._serve()
+            self._check()
+
+    def _send(self, rank: int, tag: int, message) -> None:
+        self._sends.append(self.comm.isend(message, dest=rank, tag=tag))
+
+    def _serve(self) -> None:
+        """Take every message that has come: answer questions, note departures."""
+        status = MPI.Status()
+        while self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+            source, tag = status.Get_source(), status.Get_tag()
+            message = self.comm.recv(source=source, tag=tag)
+            if tag == _QUERY:
+                self._send(source, _REPLY, dict(activity.snapshot(), leaving=self._leaving))
+            elif tag == _REPLY:
+                self._replies[source] = message
+            elif tag == _LEFT:
+                self.departed[source] = message
+        self._sends = [request for request in self._sends if not request.Test()]
+
+    def _check(self) -> None:
+        now = time.monotonic()
+        for wait in activity.current_waits():
+            gone = self._gone_before(wait)
+            if gone:
+                self._fail(wait, f"{_ranks(gone)} left the job before reaching it, so it "
+                                 f"can never complete")
+            elif self.timeout and now - wait.since >= self.timeout:
+                self._fail(wait, f"no progress for {now - wait.since:.0f} s "
+                                 f"(HPCDDP_TIMEOUT={self.timeout:g})")
+            elif self.stall_warn and not wait.warned and now - wait.since >= self.stall_warn:
+                wait.warned = True
+                self._warn(wait)
+
+    def _gone_before(self, wait) -> List[int]:
+        """Ranks that left without issuing collective ``wait.seq`` of its channel."""
+        if wait.channel is None:
+            return []
+        name = wait.channel.name
+        return [rank for rank, note in sorted(self.departed.items())
+                if rank in wait.channel.members
+                and note["channels"].get(name, (0, 0))[0] < wait.seq]
+
+    # -- reports -------------------------------------------------------------------------
+
+    def _ask_everyone(self) -> Dict[int, dict]:
+        """Every other rank's snapshot, as far as they answer within a few seconds."""
+        if not self.threaded:
+            return {}
+        self._replies = {}
+        for rank in range(self.size):
+            if rank != self.rank:
+                self._send(rank, _QUERY, None)
+        deadline = time.monotonic() + _ANSWER_SECONDS
+        while len(self._replies) < self.size - 1 and time.monotonic() < deadline:
+            self._serve()
+            time.sleep(0.01)
+        return dict(self._replies)
+
+    def _missing(self, wait, replies) -> List[int]:
+        """Ranks that have not reached ``wait`` (or, leaving, have not left)."""
+        if wait is self._leave_wait:
+            return [r for r in range(self.size) if r != self.rank and r not in self.departed]
+        if wait.channel is None:
+            return [r for r in range(self.size) if r != self.rank]
+        name = wait.channel.name
+        return [r for r in wait.channel.members if r != self.rank
+                and (r not in replies or replies[r]["channels"].get(name, (0, 0))[0] < wait.seq)]
+
+    def _describe(self, rank: int, wait, replies, stack: bool) -> str:
+        if rank in self.departed:
+            return f"rank {rank} has left the job (its script ended, or called sys.exit)"
+        reply = replies.get(rank)
+        if reply is None:
+            return (f"rank {rank} did not answer within {_ANSWER_SECONDS:g} s (it died, or "
+                    f"holds Python's GIL in a long C call)" if self.threaded else
+                    f"rank {rank}: not asked (MPI thread level below 'multiple')")
+        if reply["leaving"]:
+            return f"rank {rank} is leaving the job (hpcddp.shutdown() or the end of its script)"
+        if reply["waits"]:
+            return f"rank {rank} waits in " + "; and in ".join(
+                f"{w['what']} for {w['seconds']:g} s" for w in reply["waits"])
+        last = reply["last"]
+        text = f"rank {rank} is in user code" + (
+            f" (the last hpcddp collective it entered: {last[0]}, collective {last[2]} on "
+            f"{last[1]})" if last else " (it has entered no hpcddp collective yet)")
+        if stack:
+            text += "; its main thread is at:\n" + _indent(reply["stack"])
+        return text
+
+    def _hint(self, missing, replies) -> str:
+        """Uneven inputs: ranks that stopped (left, or wait elsewhere) at another DDP step.
+
+        A rank in user code may just be slow, so it proves nothing.
+        """
+        mine = activity.snapshot(stack=False)["channels"]
+        said = []
+        for rank in missing:
+            note = self.departed.get(rank) or replies.get(rank)
+            if note is None or (rank not in self.departed and not note["waits"]):
+                continue
+            for name, (_, step) in mine.items():
+                theirs = note["channels"].get(name)
+                if name.startswith("DDP") and theirs is not None and theirs[1] != step:
+                    verb = "ended" if rank in self.departed else "waits"
+                    said.append(f"rank {rank} {verb} at step {theirs[1]} of {name} where "
+                                f"this rank is at step {step}")
+        if not said:
+            return ""
+        return (f"\nUneven inputs: {'; '.join(said)}. The ranks had different numbers of "
+                f"batches. Give every rank the same number (DistributedSampler pads, "
+                f"drop_last=True drops), or wrap the training loop in `with model.join():`.")
+
+    def _others_there(self, wait, replies) -> List[str]:
+        """What the ranks that did reach ``wait``'s collective wait in, where it differs."""
+        if wait.channel is None:
+            return []
+        found = []
+        for rank, reply in sorted(replies.items()):
+            for other in reply["waits"]:
+                if (other["channel"], other["seq"]) == (wait.channel.name, wait.seq) and \
+                        other["call"] != wait.call:
+                    found.append(f"rank {rank} waits in {other['call']}")
+        return found
+
+    def _report(self, wait, reason: str) -> str:
+        replies = self._ask_everyone()
+        missing = self._missing(wait, replies)
+        lines = [f"it waits in {wait.describe()}: {reason}."]
+        if missing:
+            lines.append(f"Not arrived: {_ranks(missing)}.")
+            lines += [self._describe(r, wait, replies, stack=True) for r in missing]
+        different = self._others_there(wait, replies)
+        if different:
+            lines.append(f"This rank waits in {wait.call} as collective {wait.seq}, but "
+                         + "; ".join(different) + ": the ranks issued different collectives "
+                         "(HPCDDP_DEBUG=detail names the first difference as it happens).")
+        lines.append(f"This rank's main thread is at:\n{_indent(activity.main_stack())}")
+        return "\n".join(lines) + self._hint(missing, replies) + "\n"
+
+    def _warn(self, wait) -> None:
+        replies = self._ask_everyone()
+        missing = self._missing(wait, replies)
+        who = "; ".join([self._describe(r, wait, replies, stack=False) for r in missing]
+                        + self._others_there(wait, replies))
+        limit = (f"the job ends after HPCDDP_TIMEOUT={self.timeout:g} s" if self.timeout
+                 else "HPCDDP_TIMEOUT=0: it will wait forever")
+        sys.stderr.write(f"hpcddp: rank {self.rank}: stalled for {self.stall_warn:g} s "
+                         f"(HPCDDP_STALL_WARN) in {wait.describe()}; not arrived: "
+                         f"{_ranks(missing) if missing else 'none'}. {who + '. ' if who else ''}"
+                         f"Still waiting; {limit}.\n")
+        sys.stderr.flush()
+
+    def _fail(self, wait, reason: str) -> None:
+        abort_job(self.comm, "a wait cannot complete; aborting all ranks",
+                  detail=self._report(wait, reason))
+
+
+def _ranks(ranks) -> str:
+    ranks = sorted(ranks)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ranks_text(ranks)
+
+
+def _indent(text: str) -> str:
+    return "".join("    " + line for line in text.splitlines(True))

@@ -1,0 +1,81 @@
+"""A small DDP training job that goes wrong on one rank in the way argv[1] names.
+
+uneven_exit     rank 1 trains one step more than the others, which then end
+uneven_barrier  rank 1 trains one step more; the others wait in dist.barrier()
+sleep           rank 1 sleeps in user code while the others wait in dist.all_reduce
+mismatch        rank 0 calls dist.all_reduce while the others call dist.broadcast
+exit3, exit0    rank 1 calls sys.exit(3) / sys.exit(0) in the middle of training
+sigkill         rank 1 kills itself with SIGKILL in the middle of a step
+loader_worker   rank 1's DataLoader worker hangs; the others wait in the DDP step
+healthy         nothing goes wrong (the control)
+"""
+
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import hpcddp
+
+STEPS = 4
+
+
+class Rows(torch.utils.data.Dataset):
+    """Eight rows; on the rank that hangs, reading one never returns."""
+
+    def __init__(self, hang):
+        self.hang = hang
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if self.hang and i == 4:
+            time.sleep(10_000)
+        return torch.full((4,), float(i))
+
+
+def main(scenario):
+    torch.set_num_threads(1)
+    world = hpcddp.init()
+    print(f"rank {world.rank} pid {os.getpid()}", flush=True)
+    torch.manual_seed(0)
+    model = hpcddp.DistributedDataParallel(nn.Linear(4, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    odd = world.rank == 1
+    steps = STEPS + (1 if odd and scenario.startswith("uneven") else 0)
+    batches = [torch.full((2, 4), float(s)) for s in range(steps)]
+    if scenario == "loader_worker":
+        batches = torch.utils.data.DataLoader(Rows(hang=odd), batch_size=2, num_workers=1,
+                                              multiprocessing_context="spawn")
+    for step, batch in enumerate(batches):
+        if step == 2 and odd:
+            if scenario == "exit3":
+                sys.exit(3)
+            if scenario == "exit0":
+                sys.exit(0)
+            if scenario == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+        loss = model(batch).square().sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if scenario in ("sleep", "mismatch") and step == 2:
+            if scenario == "sleep" and odd:
+                time.sleep(10_000)
+            total = torch.ones(3)
+            if scenario == "mismatch" and world.rank != 0:
+                dist.broadcast(total, 0)
+            else:
+                dist.all_reduce(total)
+    if scenario == "uneven_barrier":
+        dist.barrier()
+    print(f"rank {world.rank} finished", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
