@@ -8,6 +8,8 @@ step and hpcddp goes through device buffers (CUDA-aware MPI) or pinned staging.
 
 import argparse
 import copy
+import os
+import time
 
 import numpy as np
 import torch
@@ -65,6 +67,28 @@ def _stepper(model):
     return step
 
 
+def _paused(world, step):
+    def paused(x, y):
+        world.watchdog.paused = True
+        try:
+            step(x, y)
+        finally:
+            world.watchdog.paused = False
+    return paused
+
+
+def bookkeeping_us(repeats=200_000):
+    """What the watchdog's bookkeeping adds to one collective: counting it and entering
+    and leaving its wait (the main thread's only work for the watchdog)."""
+    from hpcddp.comm import activity
+    channel = activity.Channel("bench", (0,))
+    start = time.perf_counter()
+    for _ in range(repeats):
+        with activity.waiting("bench", channel, channel.issue("bench")):
+            pass
+    return (time.perf_counter() - start) / repeats * 1e6
+
+
 def gradient_memory(ddp):
     """Bytes held for gradients: bucket buffers plus .grad tensors living outside them."""
     buckets = {b.buffer().untyped_storage().data_ptr(): b.buffer().untyped_storage().nbytes()
@@ -105,6 +129,13 @@ def bench_model(name, world, gloo, steps, caps, device):
     threaded = hpcddp.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=25)
     threaded.reducer.progress_thread = True
     variants["hpcddp_progress_thread"] = _stepper(threaded)
+    # The same model as "hpcddp" with the watchdog thread paused: what the thread costs.
+    variants["hpcddp_watchdog_paused"] = _paused(world, _stepper(plain))
+    # HPCDDP_DEBUG=detail: every bucket's allreduce is compared across ranks first.
+    os.environ["HPCDDP_DEBUG"] = "detail"
+    checked = hpcddp.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=25)
+    del os.environ["HPCDDP_DEBUG"]
+    variants["hpcddp_debug_detail"] = _stepper(checked)
     samples = {k: [] for k in variants}
     samples["raw_allreduce"] = []
     x, y = (t.to(device) for t in data())
@@ -126,6 +157,9 @@ def bench_model(name, world, gloo, steps, caps, device):
         "hpcddp_vs_torch_ddp": ms["hpcddp"] / ms["torch_ddp_gloo"],
         "hpcddp_ring_vs_torch_ddp": ms["hpcddp_ring"] / ms["torch_ddp_gloo"],
         "hpcddp_exposed_vs_raw_allreduce": exposed["hpcddp"] / ms["raw_allreduce"],
+        "watchdog_thread_cost": ms["hpcddp"] / ms["hpcddp_watchdog_paused"] - 1,
+        "debug_detail_cost": ms["hpcddp_debug_detail"] / ms["hpcddp"] - 1,
+        "collectives_per_step": plain.reducer.transport.channel.count / (2 * (steps + 3)),
     }
     if world.is_main:
         print(f"\n{name}: {grad_bytes / 2**20:.1f} MiB of gradients, median of {steps} steps")
@@ -135,6 +169,8 @@ def bench_model(name, world, gloo, steps, caps, device):
         print(f"  gradient memory: {memory['hpcddp'] / 2**20:.1f} MiB, with "
               f"gradient_as_bucket_view {memory['hpcddp_bucket_view'] / 2**20:.1f} MiB; "
               f"pinned staging {memory['hpcddp_pinned_staging'] / 2**20:.1f} MiB")
+        print(f"  watchdog thread: {result['watchdog_thread_cost']:+.2%} of a step; "
+              f"HPCDDP_DEBUG=detail: {result['debug_detail_cost']:+.2%}")
         print(f"  hpcddp / torch DDP: {result['hpcddp_vs_torch_ddp']:.2f}   "
               f"hpcddp exposed / raw allreduce: {result['hpcddp_exposed_vs_raw_allreduce']:.2f}",
               flush=True)
@@ -161,7 +197,9 @@ def main():
                         "cuda_aware_reason": world.cuda_aware_reason,
                         "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
                         "steps": args.steps,
-                        "threads_per_rank": torch.get_num_threads(), "results": results}, world)
+                        "threads_per_rank": torch.get_num_threads(),
+                        "watchdog_bookkeeping_us_per_collective": bookkeeping_us(),
+                        "results": results}, world)
     if path:
         print(f"wrote {path}")
 

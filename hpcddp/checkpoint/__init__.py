@@ -1,5 +1,5 @@
 """Rank-0 checkpoints: atomic, verified, broadcast on load, resuming bit for bit."""
 
-from hpcddp.checkpoint.api import Resumed, load, load_model_state, save
+from hpcddp.checkpoint.api import DamagedCheckpointsError, Resumed, load, load_model_state, save
 
-__all__ = ["Resumed", "load", "load_model_state", "save"]
+__all__ = ["DamagedCheckpointsError", "Resumed", "load", "load_model_state", "save"]

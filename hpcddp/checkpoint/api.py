@@ -3,7 +3,6 @@
 import io
 import mmap
 import os
-import warnings
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
@@ -19,7 +18,7 @@ from hpcddp.comm.agree import share_outcome
 from hpcddp.ddp import DistributedDataParallel
 from hpcddp.runtime import get_world
 
-__all__ = ["Resumed", "load", "load_model_state", "save"]
+__all__ = ["DamagedCheckpointsError", "Resumed", "load", "load_model_state", "save"]
 
 
 class Resumed(NamedTuple):
@@ -167,19 +166,37 @@ def _deserialize(source, device):
     return torch.load(source, map_location=device, weights_only=True, mmap=True)
 
 
-def _receive_verified(comm, directory, device):
+class DamagedCheckpointsError(RuntimeError):
+    """There are checkpoints to resume from, and every one of them is damaged."""
+
+
+def _nothing_good(directory, skipped, allow_damaged):
+    """Rank 0's outcome when no checkpoint is good: None, or the error to raise."""
+    if not skipped or allow_damaged:
+        return None
+    return DamagedCheckpointsError(
+        f"hpcddp.checkpoint.load: every checkpoint under {directory} is damaged, so there is "
+        f"nothing to resume from and nothing was loaded: {'; '.join(skipped)}. Starting from "
+        f"step 0 would silently discard the run; repair or move them away, or pass "
+        f"load(..., allow_damaged=True) to start afresh (load then returns None)")
+
+
+def _receive_verified(comm, directory, device, allow_damaged=False):
     """Rank 0 offers checkpoints newest first; every rank deserializes the broadcast bytes
-    while rank 0 checks the hash. Returns ``(path, state)`` of the first good one, or None.
+    while rank 0 checks the hash. Returns ``(path, state)`` of the first good one, or None
+    when there is none (an error when there were some, all damaged).
 
     .. warning:: Collective; every rank loops in step with rank 0's offers.
     """
-    offers = store.open_candidates(directory) if comm.rank == 0 else None
+    skipped = []
+    offers = store.open_candidates(directory, skipped) if comm.rank == 0 else None
     while True:
         opened = None
         if comm.rank == 0:
             try:
                 opened = next(offers, None)
-                header = None if opened is None else (opened.path, opened.size)
+                header = _nothing_good(directory, skipped, allow_damaged) if opened is None \
+                    else (opened.path, opened.size)
             except Exception as error:  # noqa: BLE001 - raised on every rank
                 header = error
         header = _agree(comm, header if comm.rank == 0 else None)
@@ -212,8 +229,8 @@ def _receive_verified(comm, directory, device):
                     f"{path}: another rank could not deserialize the checkpoint")
             return path, state
         if comm.rank == 0:
-            warnings.warn(f"hpcddp.checkpoint: skipping {path}: {store.STATE} does not "
-                          f"match its SHA-256 in the manifest", stacklevel=4)
+            store.skip(path, f"{store.STATE} does not match its SHA-256 in the manifest",
+                       skipped)
 
 
 def load_model_state(model: nn.Module, saved: dict) -> None:
@@ -245,7 +262,8 @@ def load_model_state(model: nn.Module, saved: dict) -> None:
 
 
 def load(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=None,
-         loader=None, comm=None, device=None) -> Optional[Resumed]:
+         loader=None, comm=None, device=None, allow_damaged: bool = False
+         ) -> Optional[Resumed]:
     """Resume from the newest valid checkpoint under ``directory``.
 
     Rank 0 verifies checkpoints newest first against their manifests (size and SHA-256),
@@ -256,6 +274,10 @@ def load(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
     map_location="cpu")`` (Adam's ``step`` stays on the host, as in an unbroken run).
     State dicts with or without the ``module.`` prefix load either way.
 
+    Args:
+        allow_damaged: when every checkpoint there is damaged, return None (start
+            afresh) instead of raising.
+
     Returns:
         ``Resumed(path, step, epoch, extra)``, or None when there is nothing to resume,
         so one script either starts fresh or continues.
@@ -263,11 +285,13 @@ def load(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
     Raises:
         KeyError, ValueError: on every rank, naming the first key or shape where the
             checkpoint and the model differ.
+        DamagedCheckpointsError: on every rank, when there are checkpoints and every one
+            is damaged (unless ``allow_damaged``); each is named with what is wrong.
 
     .. warning:: Collective.
     """
     comm = _comm(comm)
-    found = _receive_verified(comm, directory, device or "cpu")
+    found = _receive_verified(comm, directory, device or "cpu", allow_damaged)
     if found is None:
         return None
     path, state = found

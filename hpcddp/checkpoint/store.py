@@ -69,15 +69,45 @@ def candidates(root) -> List[str]:
         return []
     names = sorted((n for n in os.listdir(root) if _NAME.match(n)),
                    key=lambda n: int(_NAME.match(n).group(1)), reverse=True)
-    try:
-        with open(os.path.join(root, LATEST)) as f:
-            latest = f.read().strip()
-        if latest in names:
-            names.remove(latest)
-            names.insert(0, latest)
-    except OSError:
-        pass
+    latest = _read_latest(root)
+    if latest in names:
+        names.remove(latest)
+        names.insert(0, latest)
     return [os.path.join(root, n) for n in names]
+
+
+def _read_latest(root):
+    """The checkpoint ``latest`` names, or None (missing, or damaged: warned)."""
+    path = os.path.join(root, LATEST)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(256)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        warnings.warn(f"hpcddp.checkpoint: ignoring {path}: {error}", stacklevel=4)
+        return None
+    name = raw.decode("ascii", errors="replace").strip()
+    if not _NAME.match(name):
+        warnings.warn(f"hpcddp.checkpoint: ignoring {path}: it holds {raw[:40]!r}, not a "
+                      f"checkpoint name; checkpoints are taken newest step first",
+                      stacklevel=4)
+        return None
+    return name
+
+
+def _check_manifest(manifest) -> dict:
+    """``manifest``'s entry for the state file; ValueError saying what is wrong."""
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{MANIFEST} holds a {type(manifest).__name__}, not an object")
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"format {manifest.get('format')!r}, expected {FORMAT}")
+    entry = manifest.get("files", {}).get(STATE) if isinstance(manifest.get("files"), dict) \
+        else None
+    if not isinstance(entry, dict) or not isinstance(entry.get("size"), int) or \
+            not isinstance(entry.get("sha256"), str):
+        raise ValueError(f"{MANIFEST} has no size and sha256 for {STATE}")
+    return entry
 
 
 class Opened:
@@ -88,17 +118,17 @@ class Opened:
     """
 
     def __init__(self, path):
-        with open(os.path.join(path, MANIFEST)) as f:
-            manifest = json.load(f)
-        if manifest.get("format") != FORMAT:
-            raise ValueError(f"format {manifest.get('format')!r}, expected {FORMAT}")
-        expected = manifest["files"][STATE]
+        with open(os.path.join(path, MANIFEST), "rb") as f:
+            manifest = json.loads(f.read())
+        expected = _check_manifest(manifest)
         with open(os.path.join(path, STATE), "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size != expected["size"]:
                 raise ValueError(f"{STATE} has {size} bytes, the manifest says "
                                  f"{expected['size']}")
-            self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+            if size == 0:
+                raise ValueError(f"{STATE} is empty")
+            self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self.path, self.manifest, self.size = path, manifest, size
         self._digest = None
         self._thread = threading.Thread(target=self._hash, name="hpcddp-verify", daemon=True)
@@ -118,16 +148,24 @@ class Opened:
             self.map.close()
 
 
-def open_candidates(root) -> Iterator[Opened]:
+def open_candidates(root, skipped: List[str]) -> Iterator[Opened]:
     """Checkpoints under ``root``, newest first, that open and have the right size.
 
-    Those that do not are skipped with a warning naming them.
+    Those that do not are skipped with a warning naming them, and listed in ``skipped``
+    (``"<path>: <reason>"``). Any damage skips: whatever a damaged file raises.
     """
     for path in candidates(root):
         try:
             yield Opened(path)
-        except (OSError, ValueError, KeyError) as error:
-            warnings.warn(f"hpcddp.checkpoint: skipping {path}: {error}", stacklevel=3)
+        except Exception as error:  # noqa: BLE001 - any damage means: use an older one
+            skip(path, f"{type(error).__name__}: {error}", skipped)
+
+
+def skip(path: str, reason: str, skipped: List[str]) -> None:
+    """Warn that the checkpoint at ``path`` is passed over, and note it in ``skipped``."""
+    skipped.append(f"{path}: {reason}")
+    warnings.warn(f"hpcddp.checkpoint: skipping {path}: {reason}; trying an older one",
+                  stacklevel=4)
 
 
 def remove_old(root, keep_last: int, keep: str) -> None:

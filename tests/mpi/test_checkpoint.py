@@ -1,6 +1,7 @@
 """Checkpoints under MPI: round trip, verification, mismatches, prefixes, world sizes."""
 
 import copy
+import json
 import os
 import shutil
 import tempfile
@@ -87,21 +88,49 @@ def test_keep_last_keeps_the_newest(world, folder):
     assert names == ["step-000000003", "step-000000004"]
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def _damage(path, damage):
+    """Damage the checkpoint at ``path`` (rank 0 only) in the way ``damage`` names."""
+    state, manifest = os.path.join(path, "state.pt"), os.path.join(path, "manifest.json")
+    if damage == "truncate":
+        os.truncate(state, os.path.getsize(state) // 2)
+    elif damage == "flip":
+        with open(state, "r+b") as f:
+            f.seek(os.path.getsize(state) // 2)
+            byte = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([byte[0] ^ 0x01]))
+    elif damage == "empty_state":
+        os.truncate(state, 0)
+    elif damage == "empty_state_and_size":  # the manifest agrees that it is empty
+        os.truncate(state, 0)
+        with open(manifest) as f:
+            saved = json.load(f)
+        saved["files"]["state.pt"]["size"] = 0
+        with open(manifest, "w") as f:
+            json.dump(saved, f)
+    elif damage == "manifest_list":
+        with open(manifest, "w") as f:
+            json.dump([1, 2], f)
+    elif damage == "manifest_garbage":
+        with open(manifest, "wb") as f:
+            f.write(b"\x00\xff{")
+    elif damage == "state_is_a_directory":
+        os.remove(state)
+        os.mkdir(state)
+    elif damage == "latest_garbage":  # the newest checkpoint is whole; latest is not
+        with open(os.path.join(os.path.dirname(path), "latest"), "wb") as f:
+            f.write(b"\xff\xfe\x00garbage")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "empty_state", "empty_state_and_size",
+                                    "manifest_list", "manifest_garbage",
+                                    "state_is_a_directory"])
 def test_corrupt_newest_is_skipped_for_the_previous(world, folder, damage):
     model, _ = _trained(world, steps=0)
     checkpoint.save(folder, model, step=1)
     newest = checkpoint.save(folder, model, step=2)
     if world.rank == 0:
-        state = os.path.join(newest, "state.pt")
-        if damage == "truncate":
-            os.truncate(state, os.path.getsize(state) // 2)
-        else:
-            with open(state, "r+b") as f:
-                f.seek(os.path.getsize(state) // 2)
-                byte = f.read(1)
-                f.seek(-1, 1)
-                f.write(bytes([byte[0] ^ 0x01]))
+        _damage(newest, damage)
     world.comm.Barrier()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -109,6 +138,40 @@ def test_corrupt_newest_is_skipped_for_the_previous(world, folder, damage):
     assert resumed.step == 1
     if world.rank == 0:
         assert any(f"skipping {newest}" in str(w.message) for w in caught)
+
+
+def test_garbage_in_latest_is_ignored_with_a_warning(world, folder):
+    model, _ = _trained(world, steps=0)
+    checkpoint.save(folder, model, step=1)
+    newest = checkpoint.save(folder, model, step=2)
+    if world.rank == 0:
+        _damage(newest, "latest_garbage")
+    world.comm.Barrier()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = checkpoint.load(folder, model)
+    assert resumed.step == 2  # the newest step, found without latest
+    if world.rank == 0:
+        assert any("not a checkpoint name" in str(w.message) for w in caught)
+
+
+def test_every_checkpoint_damaged_is_an_error_unless_allowed(world, folder):
+    model, _ = _trained(world, steps=0)
+    paths = [checkpoint.save(folder, model, step=s) for s in (1, 2)]
+    if world.rank == 0:
+        _damage(paths[0], "flip")
+        _damage(paths[1], "manifest_list")
+    world.comm.Barrier()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(checkpoint.DamagedCheckpointsError,
+                           match=r"every checkpoint under .* is damaged.*step-000000002: "
+                                 r"ValueError: manifest.json holds a list.*step-000000001: "
+                                 r"state.pt does not match its SHA-256.*allow_damaged=True"):
+            checkpoint.load(folder, model)
+        assert checkpoint.load(folder, model, allow_damaged=True) is None
+    # Nothing was lost: both damaged checkpoints are still there to repair.
+    assert all(os.path.isdir(p) for p in paths)
 
 
 def test_mismatching_model_is_named_on_every_rank(world, folder):
