@@ -16,20 +16,10 @@ from typing import Optional
 from mpi4py import MPI
 
 from hpcddp.comm import activity
-from hpcddp.env import ConfigError, get_setting
+from hpcddp.env import get_setting, signal_number
 from hpcddp.runtime import finalize, get_world
 
 __all__ = ["Preemption"]
-
-
-def _signal_number(name: str) -> int:
-    key = name.strip().upper()
-    key = key if key.startswith("SIG") else "SIG" + key
-    number = getattr(signal, key, None)
-    if not isinstance(number, signal.Signals) or number in (signal.SIGKILL, signal.SIGSTOP):
-        raise ConfigError(f"HPCDDP_PREEMPT_SIGNAL={name!r} is not a signal that can be caught; "
-                          f"use e.g. USR1, USR2 or TERM")
-    return int(number)
 
 
 def _slurm_job_id() -> Optional[str]:
@@ -61,7 +51,7 @@ class Preemption:
         if comm is None:
             comm = get_world().comm
         self.comm = comm
-        self.signum = signum if signum is not None else _signal_number(
+        self.signum = signum if signum is not None else signal_number(
             get_setting("PREEMPT_SIGNAL"))
         self.received = False  # on this rank
         self._previous = signal.signal(self.signum, self._handle)

@@ -9,11 +9,12 @@ world last. ``finalize()`` does the same and then finalizes MPI, for a process t
 must leave MPI before it exits (the preemption path).
 """
 
+import warnings
 from datetime import timedelta
 from typing import Optional, Union
 
 from hpcddp.comm.startup import start_mpi
-from hpcddp.env import get_setting
+from hpcddp.env import get_setting, unknown_settings
 
 # MPI starts here, bounded by HPCDDP_TIMEOUT (a rank that never starts MPI would hold
 # the others in MPI_Init for good); the imports below would start it unbounded.
@@ -89,6 +90,9 @@ def init(comm=None, *, torch_group: Optional[bool] = None,
         abort_job(MPI.COMM_WORLD if comm is None else comm, str(error))
     world.timeout = seconds
     world.watchdog = Watchdog(world.comm, seconds, get_setting("STALL_WARN"))
+    if world.is_main:
+        for message in unknown_settings():
+            warnings.warn(message, stacklevel=2)
     _WORLD = world
     register_backend(_world_for_backend)
     if get_setting("TORCH_GROUP") if torch_group is None else torch_group:

@@ -39,6 +39,25 @@ def _cpus_for_rank(local_comm) -> int:
     return max(1, len(mine) // max(1, sharing))
 
 
+def _check_threads(comm, asked: int) -> int:
+    """``HPCDDP_NUM_THREADS``, refused on every rank if any rank has fewer cores.
+
+    Far more threads than cores only slow a rank down, and torch crashes on absurd
+    counts (100000 threads: a segmentation fault).
+
+    .. warning:: Collective.
+    """
+    cores = len(os.sched_getaffinity(0))
+    short = comm.allgather(cores if asked > cores else None)
+    bad = [(rank, have) for rank, have in enumerate(short) if have is not None]
+    if bad:
+        said = ", ".join(f"rank {rank} may use {have}" for rank, have in bad[:4])
+        raise ConfigError(f"HPCDDP_NUM_THREADS={asked} asks for more torch threads than "
+                          f"there are cores ({said}). Use at most that many, or 0 to divide "
+                          f"each rank's cores among the ranks sharing them")
+    return asked
+
+
 _TORCH_SETUP = r"""
 import torch
 torch.cuda.init()
@@ -124,7 +143,8 @@ class World(Closable):
         self.hostname = socket.gethostname()
         self.launcher = detect_launcher().describe()
         self.device = _bind_device(self.local_comm)
-        self.num_threads = get_setting("NUM_THREADS") or _cpus_for_rank(self.local_comm)
+        self.num_threads = _check_threads(self.comm, get_setting("NUM_THREADS")) or \
+            _cpus_for_rank(self.local_comm)
         torch.set_num_threads(self.num_threads)
         self.thread_level = thread_level_name()
         override = get_setting("CUDA_AWARE")

@@ -141,7 +141,8 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
         try:
             self._control_transport = Transport(self._control, world.cuda_aware)
             if init_sync:
-                verify_same_parameters(self._control, named)
+                verify_same_parameters(self._control, named,
+                                       [(n, b) for n, b in module.named_buffers()])
                 broadcast_tensors(self._control_transport, [p.detach() for _, p in named] +
                                   [b.detach() for b in self._buffers_to_sync])
             self.reducer = Reducer(named, self._comm, self._control, self.bucket_bytes_cap,

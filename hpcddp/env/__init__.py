@@ -1,6 +1,7 @@
 """Launcher facts and ``HPCDDP_*`` settings, read from the environment (standard library only)."""
 
-from hpcddp.env.config import ConfigError, describe_settings, get_setting
+from hpcddp.env.config import (
+    ConfigError, describe_settings, get_setting, signal_number, unknown_settings)
 from hpcddp.env.jobvars import clean_environment
 from hpcddp.env.launchers import (
     LAUNCHERS,
@@ -20,4 +21,6 @@ __all__ = [
     "describe_settings",
     "detect_launcher",
     "get_setting",
+    "signal_number",
+    "unknown_settings",
 ]

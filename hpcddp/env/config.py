@@ -5,10 +5,12 @@ meaning, so ``hpcddp doctor`` and the README can list them and a typo in a value
 reported with the value quoted instead of being read as "off".
 """
 
+import difflib
 import os
-from typing import Mapping, NamedTuple, Optional, Union
+import signal
+from typing import List, Mapping, NamedTuple, Optional, Union
 
-__all__ = ["ConfigError", "describe_settings", "get_setting"]
+__all__ = ["ConfigError", "describe_settings", "get_setting", "signal_number", "unknown_settings"]
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -131,6 +133,48 @@ def get_setting(name: str, environ: Optional[Mapping[str, str]] = None):
                               f"or {var}=0 for none")
         return seconds
     return raw
+
+
+# Read by hpcddp's test suite and scripts, not by the library.
+_ELSEWHERE = ("TEST_GPU", "SRUN_MPI")
+
+
+def unknown_settings(environ: Optional[Mapping[str, str]] = None) -> List[str]:
+    """One message for each ``HPCDDP_*`` variable hpcddp does not read (a misspelling is
+    otherwise silently ignored), naming the nearest real setting."""
+    messages = []
+    known = list(_SETTINGS) + list(_ELSEWHERE)
+    for var in sorted(os.environ if environ is None else environ):
+        name = var[len("HPCDDP_"):]
+        if not var.startswith("HPCDDP_") or name in known:
+            continue
+        near = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f"did you mean HPCDDP_{near[0]}?" if near else \
+            "the README's Settings section lists them"
+        messages.append(f"hpcddp: {var} is set but is no hpcddp setting, so it has no effect; "
+                        f"{hint}")
+    return messages
+
+
+def signal_number(name: str) -> int:
+    """The signal ``name`` (USR1, SIGUSR1 or a number such as 10, as ``sbatch --signal``
+    takes) stands for; ConfigError when there is none, or it cannot be caught."""
+    key = name.strip().upper()
+    if key.isdigit():
+        try:
+            number = signal.Signals(int(key))
+        except ValueError:
+            raise ConfigError(f"HPCDDP_PREEMPT_SIGNAL={name!r}: there is no signal {key} on "
+                              f"this system; use a name such as USR1, USR2 or TERM") from None
+    else:
+        number = getattr(signal, key if key.startswith("SIG") else "SIG" + key, None)
+        if not isinstance(number, signal.Signals):
+            raise ConfigError(f"HPCDDP_PREEMPT_SIGNAL={name!r} names no signal; use e.g. "
+                              f"USR1, USR2 or TERM")
+    if number in (signal.SIGKILL, signal.SIGSTOP):
+        raise ConfigError(f"HPCDDP_PREEMPT_SIGNAL={name!r} is {number.name}, which no "
+                          f"process can catch; use e.g. USR1, USR2 or TERM")
+    return int(number)
 
 
 def describe_settings():

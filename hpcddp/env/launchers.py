@@ -94,12 +94,23 @@ class SlurmStep(Launcher):
     """A task of an ``srun`` step; the PMI plugin is read from what srun exported."""
 
     size_var = "SLURM_STEP_NUM_TASKS"
-    fix = ("srun started independent processes without MPI wire-up: use `srun --mpi=pmi2` "
+    _fix_none = ("srun started independent processes without MPI wire-up: use `srun --mpi=pmi2` "
            "(MPICH, Intel MPI, MVAPICH) or `srun --mpi=pmix` (Open MPI); "
            "`srun --mpi=list` shows what this cluster offers")
 
     def detect(self):
         return self.size_var in self.environ
+
+    @property
+    def fix(self) -> str:
+        plugin = self.plugin
+        if plugin == "none":
+            return SlurmStep._fix_none
+        return (f"srun did wire up MPI (--mpi={plugin}), but this MPI library did not use "
+                f"it: mpi4py is probably built against another MPI than the one that speaks "
+                f"this cluster's {plugin}. Check `python -c 'from mpi4py import MPI; "
+                f"print(MPI.Get_library_version())'` against the cluster's MPI module, and "
+                f"try the other plugin (`srun --mpi=list` shows them)")
 
     @property
     def plugin(self) -> str:

@@ -95,6 +95,24 @@ def test_bad_setting_is_reported_on_every_rank(run_job):
     assert job.stderr.count("HPCDDP_CUDA_AWARE='perhaps'") >= 2
 
 
+def test_absurd_thread_count_is_refused_on_every_rank(run_job):
+    # torch segfaults on 100000 threads; the value is checked against the cores first.
+    job = run_job(["tests/jobs/scripts/show_world.py"], n=2, timeout=60,
+                  env={"HPCDDP_NUM_THREADS": "100000", "HPCDDP_TIMOUT": "5"})
+    assert job.returncode not in (0, 11, -11), job.output
+    assert job.seconds < FAIL_FAST, f"took {job.seconds:.1f}s to fail"
+    assert job.stderr.count("HPCDDP_NUM_THREADS=100000 asks for more torch threads than "
+                            "there are cores") >= 2
+
+
+def test_misspelled_setting_is_named_once(run_job):
+    job = run_job(["tests/jobs/scripts/show_world.py"], n=2, timeout=60,
+                  env={"HPCDDP_TIMOUT": "5"})
+    assert job.returncode == 0, job.output
+    assert job.stderr.count("HPCDDP_TIMOUT is set but is no hpcddp setting") == 1
+    assert "did you mean HPCDDP_TIMEOUT?" in job.stderr
+
+
 def test_below_thread_multiple_helper_threads_give_way_and_say_so(run_job):
     # At FUNNELED no helper thread may call MPI: futures complete on the caller's
     # thread and the progress pump stays off, each with one warning that says why.

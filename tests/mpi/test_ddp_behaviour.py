@@ -92,6 +92,31 @@ def test_parameter_mismatch_is_named_on_every_rank(world):
     assert "body.0.weight" in message and f"ranks {world.size - 1}" in message
 
 
+class _WithBuffers(nn.Module):
+    """Same parameters on every rank; buffers of one total size, shaped per rank."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("stats", torch.zeros(shape))
+
+
+@pytest.mark.parametrize("case", ["same_size_other_shape", "other_size"])
+def test_buffer_mismatch_is_named_on_every_rank(world, case):
+    # Buffers are broadcast from rank 0 by position: a same-sized buffer of another shape
+    # would be silently scrambled, another size would fail deep inside MPI.
+    if world.size == 1:
+        pytest.skip("needs two ranks")
+    usual, odd = {"same_size_other_shape": ((2, 3), (3, 2)), "other_size": ((6,), (5,))}[case]
+    last = world.rank == world.size - 1
+    with pytest.raises(RuntimeError) as info:
+        hpcddp.DistributedDataParallel(_WithBuffers(odd if last else usual))
+    message = str(info.value)
+    assert "Buffer #0 differs" in message
+    assert f"ranks {world.size - 1}: stats shape {list(odd)} torch.float32" in message
+    assert f"stats shape {list(usual)} torch.float32" in message
+
+
 def test_unused_parameter_without_flag_errors_on_every_rank(world, device):
     ddp = hpcddp.DistributedDataParallel(SometimesUnused(world.rank).to(device))
     with pytest.raises(RuntimeError, match=r"never\.weight.*find_unused_parameters=True"):

@@ -2,7 +2,8 @@
 
 import pytest
 
-from hpcddp.env import ConfigError, describe_settings, get_setting
+from hpcddp.env import (ConfigError, describe_settings, get_setting, signal_number,
+                        unknown_settings)
 
 
 @pytest.mark.parametrize("raw, value", [
@@ -46,3 +47,32 @@ def test_a_choice_is_read_case_insensitively_and_a_wrong_one_quoted():
     with pytest.raises(ConfigError, match="HPCDDP_REDUCE='tree' is not one of auto, mpi, "
                                           "ring, staged"):
         get_setting("REDUCE", {"HPCDDP_REDUCE": "tree"})
+
+
+def test_seconds_are_read_and_a_bad_value_quoted():
+    assert get_setting("TIMEOUT", {}) == 600.0
+    assert get_setting("TIMEOUT", {"HPCDDP_TIMEOUT": "2.5"}) == 2.5
+    for raw in ("soon", "-1", "inf", "nan"):
+        with pytest.raises(ConfigError, match=f"HPCDDP_TIMEOUT={raw!r} is not a number of seconds"):
+            get_setting("TIMEOUT", {"HPCDDP_TIMEOUT": raw})
+
+
+def test_a_misspelled_setting_is_named_with_the_nearest_real_one():
+    said = unknown_settings({"HPCDDP_TIMOUT": "5", "HPCDDP_REDUCE": "ring",
+                             "HPCDDP_TEST_GPU": "1", "HPCDDP_ZZZ": "1", "PATH": "/bin"})
+    assert len(said) == 2
+    assert "HPCDDP_TIMOUT is set but is no hpcddp setting" in said[0]
+    assert "did you mean HPCDDP_TIMEOUT?" in said[0]
+    assert "HPCDDP_ZZZ" in said[1] and "Settings section" in said[1]
+
+
+def test_preemption_signal_by_name_or_number_with_the_right_reason():
+    import signal
+    assert signal_number("10") == signal_number("USR1") == int(signal.SIGUSR1)
+    assert signal_number("sigterm") == int(signal.SIGTERM)
+    with pytest.raises(ConfigError, match="is SIGKILL, which no process can catch"):
+        signal_number("9")
+    with pytest.raises(ConfigError, match="there is no signal 999"):
+        signal_number("999")
+    with pytest.raises(ConfigError, match="names no signal"):
+        signal_number("USR9")

@@ -36,6 +36,14 @@ def test_srun_without_pmi_is_a_singleton_error_naming_the_fix():
     assert "srun --mpi=pmi2" in message and "--mpi=pmix" in message
 
 
+def test_srun_with_pmi_that_mpi_ignored_does_not_advise_that_same_plugin():
+    with pytest.raises(SingletonLaunchError) as info:
+        check_not_singleton(1, SRUN_PMI2)
+    message = str(info.value)
+    assert "srun did wire up MPI (--mpi=pmi2), but this MPI library did not use it" in message
+    assert "use `srun --mpi=pmi2`" not in message and "MPI.Get_library_version()" in message
+
+
 def test_mpirun_of_another_mpi_is_a_singleton_error():
     with pytest.raises(SingletonLaunchError, match="OMPI_COMM_WORLD_SIZE=8.*different MPI"):
         check_not_singleton(1, OMPI)
