@@ -84,6 +84,9 @@ def _launched_as_one_of_several() -> bool:
         pass  # a bad value is reported by init(); aborting is the safe reading here
     if multiprocessing.parent_process() is not None or os.getpid() != _installed["pid"]:
         return False
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_finalized():
+        return False  # after hpcddp.finalize(): nothing left to abort
     return (detect_launcher().world_size or 1) > 1
 
 

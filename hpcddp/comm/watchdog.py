@@ -22,7 +22,7 @@ import atexit
 import sys
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from mpi4py import MPI
 
@@ -32,16 +32,10 @@ from hpcddp.comm.lifetime import Closable, free_comm
 from hpcddp.comm.ranks import ranks_text
 from hpcddp.comm.topology import clone_comm
 
-__all__ = ["Watchdog", "current"]
+__all__ = ["Watchdog"]
 
 _QUERY, _REPLY, _LEFT = 1, 2, 3
 _ANSWER_SECONDS = 5.0  # how long a report waits for the other ranks' answers
-_current: Dict[str, "Watchdog"] = {}
-
-
-def current() -> Optional["Watchdog"]:
-    """The running watchdog, if any."""
-    return _current.get("watchdog")
 
 
 class Watchdog(Closable):
@@ -69,11 +63,11 @@ class Watchdog(Closable):
         self._leaving = False
         self._leave_wait = None
         self._replies: Dict[int, dict] = {}
-        self._sends: List["MPI.Request"] = []
+        self._sends: List["MPI.Request"] = []  # the main thread sends too (depart)
+        self._sending = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpcddp-watchdog", daemon=True)
         self._opened()
-        _current["watchdog"] = self
         atexit.register(self.depart)  # runs before lifetime's close_all (registered first)
         self._thread.start()
 
@@ -88,10 +82,7 @@ class Watchdog(Closable):
             return
         self._leaving = True
         if self.threaded:
-            note = activity.snapshot(stack=False)
-            for rank in range(self.size):
-                if rank != self.rank:
-                    self._sends.append(self.comm.isend(note, dest=rank, tag=_LEFT))
+            self._send_to_others(_LEFT, activity.snapshot(stack=False))
 
     def _wait_for_departures(self) -> None:
         """Wait until every rank has left, watched like any other wait."""
@@ -113,7 +104,6 @@ class Watchdog(Closable):
         if self.threaded:
             self._serve()
             MPI.Request.Waitall(self._sends)
-        _current.pop("watchdog", None)
         atexit.unregister(self.depart)
         activity.set_reference(None)
         free_comm(self.comm)
@@ -129,7 +119,13 @@ class Watchdog(Closable):
             self._check()
 
     def _send(self, rank: int, tag: int, message) -> None:
-        self._sends.append(self.comm.isend(message, dest=rank, tag=tag))
+        with self._sending:
+            self._sends.append(self.comm.isend(message, dest=rank, tag=tag))
+
+    def _send_to_others(self, tag: int, message) -> None:
+        for rank in range(self.size):
+            if rank != self.rank:
+                self._send(rank, tag, message)
 
     def _serve(self) -> None:
         """Take every message that has come: answer questions, note departures."""
@@ -143,7 +139,8 @@ class Watchdog(Closable):
                 self._replies[source] = message
             elif tag == _LEFT:
                 self.departed[source] = message
-        self._sends = [request for request in self._sends if not request.Test()]
+        with self._sending:
+            self._sends = [request for request in self._sends if not request.Test()]
 
     def _check(self) -> None:
         now = time.monotonic()
@@ -175,9 +172,7 @@ class Watchdog(Closable):
         if not self.threaded:
             return {}
         self._replies = {}
-        for rank in range(self.size):
-            if rank != self.rank:
-                self._send(rank, _QUERY, None)
+        self._send_to_others(_QUERY, None)
         deadline = time.monotonic() + _ANSWER_SECONDS
         while len(self._replies) < self.size - 1 and time.monotonic() < deadline:
             self._serve()

@@ -22,6 +22,12 @@ def _stuck(run_job, scenario, n, env=None):
     return job
 
 
+def _failed_within(job, seconds):
+    """The job failed (non-zero exit) and ended within ``seconds``."""
+    assert job.returncode != 0, job.output[-3000:]
+    assert job.seconds < seconds, f"took {job.seconds:.1f} s"
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_healthy_job_ends_cleanly(run_job, n):
     # The control: the watchdog and the leaving handshake end nothing that is well.
@@ -34,8 +40,7 @@ def test_healthy_job_ends_cleanly(run_job, n):
 @pytest.mark.parametrize("n", [2, 3])
 def test_uneven_inputs_that_end_name_the_rank_and_suggest_join(run_job, n):
     job = _stuck(run_job, "uneven_exit", n)
-    assert job.returncode != 0
-    assert job.seconds < QUICK, f"took {job.seconds:.1f} s"
+    _failed_within(job, QUICK)
     assert f"hpcddp: rank 1 of {n}" in job.stderr
     others = "rank 0" if n == 2 else "ranks 0,2"
     assert f"{others} left the job before reaching it" in job.stderr
@@ -46,8 +51,7 @@ def test_uneven_inputs_that_end_name_the_rank_and_suggest_join(run_job, n):
 @pytest.mark.parametrize("n", [2, 3])
 def test_uneven_inputs_then_a_barrier_end_at_the_timeout(run_job, n):
     job = _stuck(run_job, "uneven_barrier", n)
-    assert job.returncode != 0
-    assert job.seconds < TIMEOUT + MARGIN, f"took {job.seconds:.1f} s"
+    _failed_within(job, TIMEOUT + MARGIN)
     assert f"stalled for {STALL:g} s (HPCDDP_STALL_WARN)" in job.stderr
     assert "Not arrived: rank 1." in job.stderr
     assert "rank 1 waits at step 5 of DDP model #0 where this rank is at step 4" in job.stderr
@@ -57,8 +61,7 @@ def test_uneven_inputs_then_a_barrier_end_at_the_timeout(run_job, n):
 @pytest.mark.parametrize("n", [2, 3])
 def test_rank_in_user_code_is_named_with_its_stack(run_job, n):
     job = _stuck(run_job, "sleep", n)
-    assert job.returncode != 0
-    assert job.seconds < TIMEOUT + MARGIN, f"took {job.seconds:.1f} s"
+    _failed_within(job, TIMEOUT + MARGIN)
     assert f"no progress for {TIMEOUT:.0f} s (HPCDDP_TIMEOUT={TIMEOUT:g})" in job.stderr
     assert "it waits in allreduce (sum) of 3 float32" in job.stderr
     assert "Not arrived: rank 1." in job.stderr
@@ -69,8 +72,7 @@ def test_rank_in_user_code_is_named_with_its_stack(run_job, n):
 @pytest.mark.parametrize("n", [2, 3])
 def test_mismatched_collectives_are_named(run_job, n):
     job = _stuck(run_job, "mismatch", n)
-    assert job.returncode != 0
-    assert job.seconds < TIMEOUT + MARGIN, f"took {job.seconds:.1f} s"
+    _failed_within(job, TIMEOUT + MARGIN)
     assert "the ranks issued different collectives" in job.stderr
     assert re.search(r"rank 0 waits in allreduce \(sum\) of float32\[3\]|rank 1 waits in "
                      r"broadcast from rank 0 of float32\[3\]", job.stderr)
@@ -78,8 +80,7 @@ def test_mismatched_collectives_are_named(run_job, n):
 
 def test_mismatch_check_raises_on_every_rank_at_once(run_job):
     job = _stuck(run_job, "mismatch", 3, env={"HPCDDP_DEBUG": "detail"})
-    assert job.returncode != 0
-    assert job.seconds < QUICK, f"took {job.seconds:.1f} s"
+    _failed_within(job, QUICK)
     assert "CollectiveMismatch" in job.stderr
     assert ("rank 0 issues collective 1: allreduce (sum) of float32[3]; ranks 1,2 issue "
             "collective 1: broadcast from rank 0 of float32[3]") in job.stderr
@@ -90,8 +91,7 @@ def test_mismatch_check_raises_on_every_rank_at_once(run_job):
 @pytest.mark.parametrize("n", [2, 3])
 def test_rank_that_exits_mid_training_ends_the_job(run_job, n, code):
     job = _stuck(run_job, f"exit{code}", n)
-    assert job.returncode != 0
-    assert job.seconds < QUICK, f"took {job.seconds:.1f} s"
+    _failed_within(job, QUICK)
     assert "rank 1 left the job before reaching it" in job.stderr
     assert "rank 1 has left the job (its script ended, or called sys.exit)" in job.stderr
 
@@ -101,16 +101,14 @@ def test_rank_killed_mid_step_ends_the_job(run_job, n):
     # The launcher sees the death and ends the job; no rank can speak after SIGKILL, so
     # the message is the launcher's, naming the process.
     job = _stuck(run_job, "sigkill", n)
-    assert job.returncode != 0
-    assert job.seconds < QUICK, f"took {job.seconds:.1f} s"
+    _failed_within(job, QUICK)
     assert "signal 9" in job.output or "Killed" in job.output
 
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_rank_stuck_in_a_dataloader_worker_is_named(run_job, n):
     job = _stuck(run_job, "loader_worker", n)
-    assert job.returncode != 0
-    assert job.seconds < TIMEOUT + MARGIN, f"took {job.seconds:.1f} s"
+    _failed_within(job, TIMEOUT + MARGIN)
     assert "Not arrived: rank 1." in job.stderr
     assert "rank 1 is in user code" in job.stderr
     assert "dataloader.py" in job.stderr  # its stack: waiting for a worker's batch
@@ -122,8 +120,7 @@ def test_rank_stuck_in_a_dataloader_worker_is_named(run_job, n):
 def test_rank_that_fails_before_init_ends_the_job(run_job, mode, quick):
     job = run_job(["tests/jobs/scripts/fail_before_init.py", mode], n=3, timeout=90, env=ENV)
     assert not job.timed_out, job.output[-3000:]
-    assert job.returncode != 0
-    assert job.seconds < (QUICK if quick else TIMEOUT + MARGIN), f"took {job.seconds:.1f} s"
+    _failed_within(job, QUICK if quick else TIMEOUT + MARGIN)
     assert "deliberate failure on rank one" in job.stderr
     assert "must not happen" not in job.stdout
     if mode.startswith("hpcddp"):  # hpcddp was imported: its hook aborts at once
