@@ -189,7 +189,10 @@ def _receive_verified(comm, directory, device, allow_damaged=False):
     .. warning:: Collective; every rank loops in step with rank 0's offers.
     """
     skipped = []
-    offers = store.open_candidates(directory, skipped) if comm.rank == 0 else None
+    offers = None
+    if comm.rank == 0:
+        store.remove_stale_temporaries(directory, saving=False)
+        offers = store.open_candidates(directory, skipped)
     while True:
         opened = None
         if comm.rank == 0:

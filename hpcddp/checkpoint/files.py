@@ -3,8 +3,14 @@
 A checkpoint is written into a temporary directory beside its final place, every file is
 fsynced, then the directory, then it is renamed into place and the parent directory is
 fsynced. The SHA-256 of each file is computed while it is written, not in a second pass.
+The writer holds an exclusive ``flock`` on its temporary directory, so that a reader can
+tell a save in progress (an evaluation job loading beside a training job) from one whose
+writer was killed.
 """
 
+import contextlib
+import errno
+import fcntl
 import hashlib
 import io
 import os
@@ -13,7 +19,8 @@ import shutil
 import threading
 from typing import Callable, Dict
 
-__all__ = ["HashingWriter", "fsync_dir", "publish_dir", "replace_file", "sha256_of_bytes"]
+__all__ = ["HashingWriter", "fsync_dir", "publish_dir", "replace_file", "sha256_of_bytes",
+           "writer_alive"]
 
 
 class HashingWriter(io.RawIOBase):
@@ -102,15 +109,41 @@ def publish_dir(final, write_files: Callable[[str], Dict[str, dict]]) -> Dict[st
     parent, name = os.path.split(os.path.abspath(final))
     tmp = os.path.join(parent, f".tmp-{name}-{os.getpid()}")
     os.makedirs(tmp)
+    fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
     try:
+        _lock(fd)
         written = write_files(tmp)
-        fsync_dir(tmp)
+        os.fsync(fd)
         os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        os.close(fd)  # releases the lock, once the directory is in place or gone
     fsync_dir(parent)
     return written
+
+
+def _lock(fd) -> None:
+    # A file system without flock: stale temporaries are then removed at save only.
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def writer_alive(tmp):
+    """Whether the save writing the temporary directory ``tmp`` is still running: True,
+    False (its writer died, the directory is stale), or None where ``flock`` cannot tell."""
+    try:
+        fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return True  # published or removed meanwhile: nothing to clean
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError as error:
+        return True if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
+    finally:
+        os.close(fd)  # and with it any lock taken here
 
 
 def replace_file(path, text: str) -> None:

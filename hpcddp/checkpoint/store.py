@@ -4,6 +4,7 @@ A checkpoint is a directory ``step-<step>`` holding ``state.pt`` and ``manifest.
 ``latest`` names the newest published one.
 """
 
+import contextlib
 import hashlib
 import json
 import mmap
@@ -16,7 +17,7 @@ from typing import Iterator, List
 
 import torch
 
-from hpcddp.checkpoint.files import HashingWriter, publish_dir, replace_file
+from hpcddp.checkpoint.files import HashingWriter, publish_dir, replace_file, writer_alive
 from hpcddp.version import __version__
 
 __all__ = ["FORMAT", "Opened", "candidates", "open_candidates", "remove_old",
@@ -32,9 +33,28 @@ def checkpoint_name(step: int) -> str:
 
 
 def write_checkpoint(root, step: int, state: dict, world_size: int) -> str:
-    """Publish ``state`` as the checkpoint of ``step`` under ``root``; return its path."""
+    """Publish ``state`` as the checkpoint of ``step`` under ``root``; return its path.
+
+    Raises:
+        OSError: the disk refused (full, a size limit, a permission); it names the
+            checkpoint, the space left, and says that the previous one is intact.
+    """
     os.makedirs(root, exist_ok=True)
     final = os.path.join(root, checkpoint_name(step))
+    try:
+        _write_and_publish(root, final, step, state, world_size)
+    except OSError as error:
+        if error.filename is not None:
+            raise
+        # A failed write() or fsync() names no file: the user learns only "No space left".
+        free = shutil.disk_usage(root).free
+        raise OSError(error.errno, f"{error.strerror} while writing checkpoint {final} "
+                      f"({free / 2**20:.1f} MiB free there); nothing of it was published and "
+                      f"the previous checkpoint is intact", final) from None
+    return final
+
+
+def _write_and_publish(root, final, step, state, world_size) -> None:
     if os.path.exists(final):
         shutil.rmtree(final)  # a re-save of the same step replaces it
 
@@ -60,7 +80,6 @@ def write_checkpoint(root, step: int, state: dict, world_size: int) -> str:
 
     publish_dir(final, write)
     replace_file(os.path.join(root, LATEST), checkpoint_name(step) + "\n")
-    return final
 
 
 def candidates(root) -> List[str]:
@@ -178,9 +197,24 @@ def remove_old(root, keep_last: int, keep: str) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def remove_stale_temporaries(root) -> None:
-    """Remove what writers that died mid-save left behind (never a published checkpoint)."""
-    if os.path.isdir(root):
-        for name in os.listdir(root):
-            if name.startswith(".tmp-step-"):
-                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+def remove_stale_temporaries(root, saving: bool = True) -> None:
+    """Remove what writers that died mid-save left behind (never a published checkpoint).
+
+    A save killed outright (SIGKILL, a lost node) leaves its temporary directory, which
+    may hold gigabytes. A job removes those when it loads (``saving=False``: only those
+    whose writer provably died, since another job may be saving here) and before it saves
+    (also those it cannot tell about: two jobs saving into one directory is unsupported).
+    """
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return  # no directory yet, or unreadable: the load or save says so itself
+    for name in names:
+        path = os.path.join(root, name)
+        if name.startswith(".tmp-step-"):
+            alive = writer_alive(path)
+            if alive is False or (saving and alive is None):
+                shutil.rmtree(path, ignore_errors=True)
+        elif saving and name.startswith(LATEST + ".tmp-"):
+            with contextlib.suppress(OSError):
+                os.remove(path)

@@ -30,6 +30,8 @@ class H5Dataset(torch.utils.data.Dataset):
         path: the HDF5 file.
         keys: dataset names, all of the same length; None means every top-level dataset.
         locking: keep HDF5 file locking on (off by default for read-only use).
+        swmr: the file is still being appended to by a SWMR writer; its length is the rows
+            flushed when the dataset was made.
 
     Example::
 
@@ -37,11 +39,12 @@ class H5Dataset(torch.utils.data.Dataset):
         image, label = ds[0]
     """
 
-    def __init__(self, path, keys: Optional[Sequence[str]] = None, locking: bool = False):
+    def __init__(self, path, keys: Optional[Sequence[str]] = None, locking: bool = False,
+                 swmr: bool = False):
         self.path = os.fspath(path)
-        self.infos = inspect_file(self.path, keys, locking)
+        self.infos = inspect_file(self.path, keys, locking, swmr)
         self.keys = [info.key for info in self.infos]
-        self.locking = locking
+        self.locking, self.swmr = locking, swmr
         self._length = self.infos[0].shape[0]
         self._file, self._pid = None, None
 
@@ -50,7 +53,8 @@ class H5Dataset(torch.utils.data.Dataset):
 
     def _datasets(self):
         if self._file is None or self._pid != os.getpid():
-            self._file, self._pid = open_h5(self.path, self.locking), os.getpid()
+            self._file, self._pid = open_h5(self.path, self.locking, self.swmr), \
+                os.getpid()
         return [self._file[key] for key in self.keys]
 
     def __getitem__(self, index):

@@ -5,16 +5,25 @@ dataset's layout. Its errors name the file, the key and the value, so the loader
 raise the same error on every rank.
 """
 
+import errno
+import fcntl
 import os
 import sys
 from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["DatasetInfo", "inspect_file", "open_h5", "DataFileError", "h5py_module"]
+__all__ = ["DatasetInfo", "inspect_file", "open_h5", "DataFileError", "h5py_module",
+           "check_not_being_written"]
 
 # Kinds torch can hold: bool, signed and unsigned integers, floats, complex.
 _SUPPORTED_KINDS = "biufc"
+
+# The superblock (HDF5 File Format Specification, "Superblock") starts with this
+# signature at byte 0, 512, 1024, 2048, ... (after a user block). Its file consistency
+# flags are set while a writer has the file open: bit 0 write access, bit 2 SWMR write.
+_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+_WRITE_ACCESS, _SWMR_WRITE = 0x01, 0x04
 
 
 class DataFileError(ValueError):
@@ -60,12 +69,71 @@ def h5py_module():
     return h5py
 
 
-def open_h5(path, locking: bool = False, **kwargs):
+def open_h5(path, locking: bool = False, swmr: bool = False, **kwargs):
     """Open ``path`` read-only (an ``h5py.File``), with HDF5 file locking off unless asked.
 
     Parallel file systems fail or hang on HDF5's locks, and a read-only reader needs none.
+    ``swmr=True`` reads a file that a single writer is still appending to in SWMR mode.
     """
+    if swmr:
+        kwargs["swmr"] = True
     return h5py_module().File(path, "r", locking=locking, **kwargs)
+
+
+def _consistency_flags(path) -> Optional[int]:
+    """The superblock's file consistency flags, or None where there is no superblock."""
+    with open(path, "rb") as f:
+        size, where = os.fstat(f.fileno()).st_size, 0
+        while where + 24 <= size:
+            f.seek(where)
+            head = f.read(24)
+            if head[:8] == _SIGNATURE:
+                version = head[8]
+                # Versions 0 and 1 keep 4 bytes of flags at byte 20; 2 and 3 one byte at 11.
+                return int.from_bytes(head[20:24], "little") if version < 2 else head[11]
+            where = 512 if where == 0 else where * 2
+    return None
+
+
+def _writer_holds_lock(path) -> bool:
+    """Whether a process holds HDF5's exclusive lock on ``path`` (a writer, with locking on).
+
+    HDF5 locks with ``flock``: a writer takes it exclusively, a reader shared. Where the
+    file system has no ``flock`` (some parallel ones), nothing can be learned this way.
+    """
+    with open(path, "rb") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as error:
+            return error.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    return False
+
+
+def check_not_being_written(path, swmr: bool = False) -> None:
+    """Refuse a file another process has open for writing: what it has not written yet
+    would be read as zeros (or as whatever the disk held), silently.
+
+    A file written in SWMR mode is readable while it grows with ``swmr=True``: the rows
+    the writer has flushed are then read, and nothing else.
+    """
+    flags = _consistency_flags(path)
+    if flags is None:
+        return
+    if flags & _SWMR_WRITE:
+        if swmr:
+            return
+        raise DataFileError(
+            f"{path} is being written in SWMR mode by another process; to train on the rows "
+            f"it has flushed so far, pass swmr=True (H5Dataset, ShardedLoader), or wait until "
+            f"the writer closes the file")
+    if flags & _WRITE_ACCESS or _writer_holds_lock(path):
+        raise DataFileError(
+            f"{path} is open for writing by another process (its superblock says so, or the "
+            f"writer holds HDF5's lock): rows it has not written yet would be read as zeros. "
+            f"Wait until the writer closes it, or have it write in SWMR mode and pass "
+            f"swmr=True. If no process has it open (a writer that crashed left the mark), "
+            f"clear it with `h5clear -s {path}`")
 
 
 def _filters(dset) -> int:
@@ -83,7 +151,10 @@ def _describe(path, f, key) -> DatasetInfo:
     if dtype.kind not in _SUPPORTED_KINDS or dtype.fields is not None or dtype.subdtype:
         raise DataFileError(f"{path}: dataset {key!r} has dtype {dtype}, which torch cannot "
                             f"hold; store numbers or booleans (e.g. with `hpcddp pack`)")
-    if dset.ndim == 0 or dset.shape[0] == 0:
+    if dset.ndim == 0:
+        raise DataFileError(f"{path}: dataset {key!r} is a scalar (shape ()); a training "
+                            f"dataset needs one row per sample along axis 0")
+    if dset.shape[0] == 0:
         raise DataFileError(f"{path}: dataset {key!r} is empty (shape {dset.shape}); it needs "
                             f"at least one sample along axis 0")
     offset = dset.id.get_offset() if dset.chunks is None and _filters(dset) == 0 else None
@@ -97,24 +168,37 @@ def _describe(path, f, key) -> DatasetInfo:
     return info
 
 
-def inspect_file(path, keys: Optional[Sequence[str]] = None,
-                 locking: bool = False) -> List[DatasetInfo]:
+def _check_is_hdf5(path) -> None:
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise DataFileError(f"{path} is a directory; pass the HDF5 file itself")
+    if _consistency_flags(path) is None:
+        raise DataFileError(f"{path} is not an HDF5 file (no HDF5 signature in it); convert "
+                            f"the data with `hpcddp pack` or h5py")
+
+
+def inspect_file(path, keys: Optional[Sequence[str]] = None, locking: bool = False,
+                 swmr: bool = False) -> List[DatasetInfo]:
     """Check ``keys`` of the HDF5 file ``path`` and describe their layouts.
 
     Args:
         path: the file.
         keys: dataset names; None means every dataset at the top level.
+        locking: keep HDF5 file locking on.
+        swmr: the file may be growing under a SWMR writer; describe the rows there now.
 
     Raises:
         FileNotFoundError: no such file.
-        DataFileError: not readable as HDF5 (truncated or corrupted), a missing key, an
-            unsupported dtype, an empty dataset, or keys of different lengths.
+        DataFileError: a directory, not HDF5, open for writing elsewhere, truncated or
+            corrupted, a missing key, an unsupported dtype, a scalar or empty dataset, or
+            keys of different lengths.
     """
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such file")
+    _check_is_hdf5(path)
+    check_not_being_written(path, swmr)
     try:
-        f = open_h5(path, locking)
+        f = open_h5(path, locking, swmr)
     except OSError as error:
         raise DataFileError(f"{path}: cannot be read as HDF5 ({error}); the file may be "
                             f"truncated or corrupted") from None

@@ -50,6 +50,9 @@ class ShardedLoader(Closable):
             samples within a few chunks (not torch's order; every rank still agrees).
         chunk_window: chunks mixed together by ``chunk_shuffle``.
         locking: keep HDF5 file locking on.
+        swmr: read a file that a SWMR writer is still appending to: the rows it had
+            flushed when the loader was built, through h5py. A file open for writing
+            without SWMR is refused, since the rows not yet written would read as zeros.
         comm: an mpi4py communicator; the hpcddp world's by default.
 
     ``close()`` (or ``with ShardedLoader(...) as loader``) closes the file and frees the
@@ -71,12 +74,13 @@ class ShardedLoader(Closable):
                  batch_size: int = 1, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, exact: bool = False, device=None, prefetch: int = 2,
                  backend: str = "auto", chunk_shuffle: bool = False, chunk_window: int = 8,
-                 locking: bool = False, comm=None):
+                 locking: bool = False, swmr: bool = False, comm=None):
         if comm is None:
             from hpcddp.runtime import get_world
             comm = get_world().comm
         if isinstance(path_or_dataset, H5Dataset):
             keys = path_or_dataset.keys if keys is None else keys
+            swmr = swmr or path_or_dataset.swmr
             path_or_dataset = path_or_dataset.path
         if int(batch_size) < 1 or int(prefetch) < 0:
             raise ValueError(f"batch_size={batch_size} must be >= 1 and prefetch={prefetch} "
@@ -88,13 +92,13 @@ class ShardedLoader(Closable):
         self.chunk_shuffle, self.chunk_window = chunk_shuffle, chunk_window
         self.device = None if device is None else torch.device(device)
         # Rank 0 inspects the file; every rank gets the result or raises the same error.
-        self.infos = decide_on_root(comm, inspect_file, self.path, keys, locking)
+        self.infos = decide_on_root(comm, inspect_file, self.path, keys, locking, swmr)
         self.keys = [info.key for info in self.infos]
         self.length = self.infos[0].shape[0]
-        self.backend = choose_backend(self.infos, backend)
+        self.backend = choose_backend(self.infos, backend, swmr)
         # Collective MPI-IO needs every rank to read the same number of batches.
         same_count = not exact or self.length % self.num_replicas == 0
-        self._reader = BACKENDS[self.backend](self.path, self.infos, locking=locking,
+        self._reader = BACKENDS[self.backend](self.path, self.infos, locking=locking, swmr=swmr,
                                               comm=comm.Dup() if self.backend == "mpio" else None,
                                               collective=same_count)
         if comm.rank == 0:

@@ -11,12 +11,13 @@
   batches.
 """
 
+import os
 from typing import List, Optional, Sequence
 
 import numpy as np
 
 from hpcddp.comm import lifetime
-from hpcddp.data.h5file import DatasetInfo, h5py_module, open_h5
+from hpcddp.data.h5file import DataFileError, DatasetInfo, h5py_module, open_h5
 
 __all__ = ["BACKENDS", "H5pyReader", "MemmapReader", "MPIOReader", "choose_backend"]
 
@@ -48,12 +49,28 @@ class MemmapReader:
     name = "memmap"
 
     def __init__(self, path, infos: Sequence[DatasetInfo], **_):
+        self.path = os.fspath(path)
+        # The maps' own file is the one this descriptor sees, even if the path is replaced.
+        self._fd = os.open(self.path, os.O_RDONLY)
         self.maps = [np.memmap(path, dtype=np.dtype(i.dtype), mode="r", offset=i.offset,
                                shape=i.shape) for i in infos]
+        self._ends = [(i.offset + i.shape[0] * i.row_bytes, i.key) for i in infos]
+
+    def _check_size(self) -> None:
+        """Refuse to read a file that has shrunk: touching a mapped page past its end would
+        kill the process with SIGBUS, naming neither the rank nor the file."""
+        size = os.fstat(self._fd).st_size
+        for end, key in self._ends:
+            if end > size:
+                raise DataFileError(
+                    f"{self.path} shrank to {size} bytes while being read (dataset {key!r} "
+                    f"needs {end}): another process truncated or rewrote it in place. Write "
+                    f"a new file beside it and rename it into place instead")
 
     def read(self, indices: np.ndarray, out: Optional[List[np.ndarray]] = None
              ) -> List[np.ndarray]:
         """Copy rows ``indices`` of every dataset, into ``out`` when given."""
+        self._check_size()
         out = out or [np.empty((len(indices),) + m.shape[1:], m.dtype) for m in self.maps]
         step = _constant_step(indices)
         for m, o in zip(self.maps, out):
@@ -66,6 +83,9 @@ class MemmapReader:
 
     def close(self):
         self.maps = []
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class H5pyReader:
@@ -73,12 +93,13 @@ class H5pyReader:
 
     name = "h5py"
 
-    def __init__(self, path, infos: Sequence[DatasetInfo], locking=False, **_):
-        self.file = self._open(path, locking)
+    def __init__(self, path, infos: Sequence[DatasetInfo], locking=False, swmr=False, **_):
+        self.path = os.fspath(path)
+        self.file = self._open(path, locking, swmr)
         self.dsets = [self.file[i.key] for i in infos]
 
-    def _open(self, path, locking):
-        return open_h5(path, locking)
+    def _open(self, path, locking, swmr):
+        return open_h5(path, locking, swmr)
 
     def _select(self, dset, unique):
         runs = _runs(unique)
@@ -88,7 +109,18 @@ class H5pyReader:
 
     def read(self, indices: np.ndarray, out=None) -> List[np.ndarray]:
         unique, inverse = np.unique(indices, return_inverse=True)
-        return [self._select(d, unique)[inverse] for d in self.dsets]
+        return [self._select_or_explain(d, unique)[inverse] for d in self.dsets]
+
+    def _select_or_explain(self, dset, unique):
+        try:
+            return self._select(dset, unique)
+        except OSError as error:
+            # HDF5 says only "filter returned failure during read" for a damaged chunk.
+            raise DataFileError(
+                f"{self.path}: dataset {dset.name.lstrip('/')!r} cannot be read at rows "
+                f"{int(unique[0])}..{int(unique[-1])} ({error}); the file is damaged there "
+                f"(a corrupt compressed chunk, or a truncated copy): copy or pack it "
+                f"again") from None
 
     def close(self):
         # Datasets first: with the mpio driver HDF5 will not close a file whose objects
@@ -121,7 +153,7 @@ class MPIOReader(H5pyReader):
             lifetime.free_comm(self.comm)
             self.comm = None
 
-    def _open(self, path, locking):
+    def _open(self, path, locking, swmr):
         if not h5py_module().get_config().mpi:
             raise RuntimeError("backend='mpio' needs h5py built with MPI (h5py.get_config().mpi "
                                "is False); see `make test-phdf5` in the README for a build")
@@ -137,11 +169,18 @@ class MPIOReader(H5pyReader):
 BACKENDS = {cls.name: cls for cls in (MemmapReader, H5pyReader, MPIOReader)}
 
 
-def choose_backend(infos: Sequence[DatasetInfo], requested: str = "auto") -> str:
+def choose_backend(infos: Sequence[DatasetInfo], requested: str = "auto",
+                   swmr: bool = False) -> str:
     """Pick the backend for ``infos``; refuse a requested one that cannot read them."""
     if requested not in ("auto", *BACKENDS):
         raise ValueError(f"backend={requested!r}; use 'auto', " +
                          ", ".join(repr(b) for b in BACKENDS))
+    if swmr:
+        # Only HDF5 itself follows a SWMR writer's metadata; parallel HDF5 has no SWMR.
+        if requested not in ("auto", "h5py"):
+            raise ValueError(f"backend={requested!r} cannot read a file in SWMR mode; use "
+                             f"backend='auto' or 'h5py' with swmr=True")
+        return "h5py"
     by_offset = all(i.readable_by_offset for i in infos)
     if requested == "memmap" and not by_offset:
         bad = [i.key for i in infos if not i.readable_by_offset]

@@ -54,20 +54,51 @@ def outcomes(tmp_path_factory):
         killed = _save(directory, 2, [STRACE, "-f", "-qq", "-o", os.devnull, "-e",
                                       f"trace={syscalls}", "-e",
                                       f"inject={syscalls}:signal=KILL:when={when}"])
-        results[(syscalls, when)] = (killed.returncode, _load(directory))
+        left = _temporaries(directory)
+        results[(syscalls, when)] = (killed.returncode, _load(directory), left,
+                                     _temporaries(directory))
     return results
+
+
+def _temporaries(directory):
+    return [n for n in os.listdir(directory) if n.startswith(".tmp-step-")]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{s.split(',')[0]}{w}" for s, w in CASES])
 def test_load_finds_a_whole_checkpoint_after_a_kill(outcomes, case):
-    returncode, step = outcomes[case]
+    returncode, step, _, _ = outcomes[case]
     assert returncode != 0, "the writer was not killed: the case tests nothing"
     assert step in (1, 2)
 
 
 def test_both_outcomes_are_seen(outcomes):
-    steps = [step for _, step in outcomes.values()]
+    steps = [step for _, step, _, _ in outcomes.values()]
     assert 1 in steps and 2 in steps
+
+
+def test_load_removes_what_a_killed_save_left(outcomes):
+    left_by_kill = [left for _, _, left, _ in outcomes.values()]
+    assert sum(map(bool, left_by_kill)) >= 4  # fsync 1-3 and rename 1 each leave one
+    assert all(not after for _, _, _, after in outcomes.values())
+
+
+def test_load_beside_a_save_in_progress_leaves_it_alone(tmp_path):
+    # An evaluation job loading from the directory a training job is saving into.
+    directory = tmp_path / "run"
+    assert _save(directory, 1).returncode == 0
+    writer = subprocess.Popen([sys.executable, SCRIPT, str(directory), "2", "pause"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "paused"
+        assert len(_temporaries(directory)) == 1
+        assert _load(directory) == 1
+        assert len(_temporaries(directory)) == 1, "a live save's directory was removed"
+        writer.stdin.write("go\n")
+        writer.stdin.flush()
+        assert writer.wait(timeout=120) == 0
+    finally:
+        writer.kill()
+    assert _load(directory) == 2 and not _temporaries(directory)
 
 
 def test_fsync_comes_before_rename(tmp_path):

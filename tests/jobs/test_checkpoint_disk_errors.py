@@ -41,6 +41,9 @@ def test_full_disk_is_raised_on_every_rank(run_job, small_tmpfs):
     assert job.returncode == 0, job.stderr
     for rank in (0, 1):
         assert f"rank {rank}: OSError errno={errno.ENOSPC}" in job.stdout
+    # A failed write names no file of itself; the error names the checkpoint and the room.
+    assert job.stdout.count(f"while writing checkpoint {directory}/step-000000002 (") == 2
+    assert "MiB free there); nothing of it was published" in job.stdout
     _loads_step_one(directory)
 
 

@@ -130,3 +130,12 @@ def test_rank_that_fails_before_init_ends_the_job(run_job, mode, quick):
                          job.stderr)
     else:
         assert "not every one of the 3 ranks reached hpcddp.init()" in job.stderr
+
+
+def test_file_truncated_under_the_loader_is_an_error_naming_rank_and_file(run_job, tmp_path):
+    job = run_job(["tests/jobs/scripts/truncated_data.py", tmp_path], n=2, timeout=90, env=ENV)
+    _failed_within(job, QUICK)
+    assert job.returncode != 7, "SIGBUS: the reader touched pages past the file's end"
+    assert re.search(r"rank [01]\b.*DataFileError", job.stderr), job.stderr[-3000:]
+    assert f"{tmp_path}/train.h5 shrank to 4096 bytes" in job.stderr
+    assert "read every batch" not in job.stdout

@@ -1,10 +1,13 @@
 """Save one checkpoint of a model whose weights all equal STEP, as an MPI singleton.
 
-    python save_once.py DIR STEP
+    python save_once.py DIR STEP [pause]
 
-Used under strace to kill the writer at chosen system calls.
+Used under strace to kill the writer at chosen system calls. With ``pause``, the save
+stops in the middle of writing its state, says "paused", and goes on when a line
+arrives on stdin: a save in progress, for a reader beside it.
 """
 
+import collections
 import sys
 
 import torch
@@ -12,9 +15,26 @@ from mpi4py import MPI
 
 import hpcddp.checkpoint as checkpoint
 
+
+class _Pause:
+    """Loads as an empty OrderedDict. save pickles ``extra`` twice: first to check that it
+    loads back, then inside the state, after the temporary directory is made. The second
+    time it says "paused" and waits for a line on stdin."""
+
+    pickled = 0
+
+    def __reduce__(self):
+        _Pause.pickled += 1
+        if _Pause.pickled == 2:
+            print("paused", flush=True)
+            sys.stdin.readline()
+        return collections.OrderedDict, ()
+
+
 directory, step = sys.argv[1], int(sys.argv[2])
 model = torch.nn.Linear(256, 256)
 with torch.no_grad():
     for p in model.parameters():
         p.fill_(step)
-checkpoint.save(directory, model, step=step, comm=MPI.COMM_SELF)
+extra = {"pause": _Pause()} if sys.argv[3:] == ["pause"] else None
+checkpoint.save(directory, model, step=step, extra=extra, comm=MPI.COMM_SELF)
