@@ -1,16 +1,15 @@
 """``save`` and ``load``: collective, rank 0 touches the file system, everyone agrees."""
 
 import io
-import mmap
 import os
 from typing import Any, NamedTuple, Optional
 
-import numpy as np
 import torch
 from mpi4py import MPI
 from torch import nn
 
 from hpcddp.checkpoint import store
+from hpcddp.checkpoint.delivery import deliver
 from hpcddp.checkpoint.hook_state import capture_hook_state, restore_hook_state
 from hpcddp.checkpoint.rng import capture_rng, reseed_rng, restore_rng
 from hpcddp.comm import activity
@@ -32,6 +31,14 @@ class Resumed(NamedTuple):
 
 def _comm(comm):
     return comm if comm is not None else get_world().comm
+
+
+def _node_of(comm):
+    """The world's node communicator when ``comm`` is the world's (made once, at init);
+    None lets the caller make one."""
+    from hpcddp import runtime
+    world = runtime._WORLD
+    return world.local_comm if world is not None and comm is world.comm else None
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -129,43 +136,6 @@ def _check_loadable(extra) -> None:
             f"for a NumPy array. Nothing was written.") from None
 
 
-class _InMemoryFile:
-    """Memory that a broadcast lands in and ``torch.load(mmap=True)`` reads in place.
-
-    An anonymous memory file (``memfd``) takes the bytes with no copy and lets torch map
-    its tensors straight out of it; elsewhere a bytes buffer is used. Either way the file
-    system is never touched.
-    """
-
-    def __init__(self, size: int):
-        self.fd = os.memfd_create("hpcddp-checkpoint") if hasattr(os, "memfd_create") else None
-        if self.fd is not None:
-            os.ftruncate(self.fd, size)
-            self._map = mmap.mmap(self.fd, size)
-            self.array = np.frombuffer(self._map, np.uint8)
-        else:
-            self.array = np.empty(size, np.uint8)
-
-    def load(self, device):
-        if self.fd is not None:
-            del self.array  # the map cannot be closed under a live view
-            return torch.load(f"/proc/self/fd/{self.fd}", map_location=device,
-                              weights_only=True, mmap=True)
-        return torch.load(io.BytesIO(self.array), map_location=device, weights_only=True)
-
-    def close(self):
-        if self.fd is not None:
-            self._map.close()
-            os.close(self.fd)
-
-
-def _deserialize(source, device):
-    if isinstance(source, _InMemoryFile):
-        return source.load(device)
-    # Rank 0 maps the verified file itself: its tensors come straight from the page cache.
-    return torch.load(source, map_location=device, weights_only=True, mmap=True)
-
-
 class DamagedCheckpointsError(RuntimeError):
     """There are checkpoints to resume from, and every one of them is damaged."""
 
@@ -207,22 +177,17 @@ def _receive_verified(comm, directory, device, allow_damaged=False):
             return None
         path, size = header
         with activity.blocking(f"checkpoint.load: broadcast of {path}", comm):
-            if opened:
-                comm.Bcast(np.frombuffer(opened.map, np.uint8), root=0)
-                source = os.path.join(path, store.STATE)
-            else:
-                source = _InMemoryFile(size)
-                comm.Bcast(source.array, root=0)
+            delivered = deliver(comm, opened, os.path.join(path, store.STATE), size,
+                                _node_of(comm))
         try:
-            state = _deserialize(source, device)
+            state = delivered.load(device)
         except Exception as error:  # noqa: BLE001 - decided together below
             state = error
-        if not opened:
-            source.close()
-        good = opened.verified() if opened else None
+        good = _agree(comm, opened.verified() if opened else None)
+        # Every rank has mapped the bytes by now: the node's copy may go.
+        delivered.close()
         if opened:
             opened.close()
-        good = _agree(comm, good)
         if good:
             # The bytes are what was published: a failure to read them is everyone's.
             with activity.blocking("checkpoint.load: agreement on deserializing", comm):
@@ -232,8 +197,19 @@ def _receive_verified(comm, directory, device, allow_damaged=False):
                     f"{path}: another rank could not deserialize the checkpoint")
             return path, state
         if comm.rank == 0:
-            store.skip(path, f"{store.STATE} does not match its SHA-256 in the manifest",
-                       skipped)
+            store.skip(path, f"{store.STATE} does not match its {opened.algorithm} digest in "
+                       f"the manifest", skipped)
+
+
+def _private(obj):
+    """``obj`` with every tensor in it cloned (dicts, lists and tuples followed)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.clone()
+    if isinstance(obj, dict):
+        return type(obj)((k, _private(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_private(v) for v in obj)
+    return obj
 
 
 def load_model_state(model: nn.Module, saved: dict) -> None:
@@ -269,7 +245,7 @@ def load(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
          ) -> Optional[Resumed]:
     """Resume from the newest valid checkpoint under ``directory``.
 
-    Rank 0 verifies checkpoints newest first against their manifests (size and SHA-256),
+    Rank 0 verifies checkpoints newest first against their manifests (size and digest),
     skipping a corrupt or partial one with a warning, reads the first good one and
     broadcasts it; the other ranks never touch the file system. Tensors are loaded on
     the host (or ``device``) and copied into place by each object's ``load_state_dict``,
@@ -298,7 +274,11 @@ def load(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
     if found is None:
         return None
     path, state = found
-    load_model_state(model, state["model"])
+    load_model_state(model, state["model"])  # copied into the model's own storage
+    # The rest is kept as loaded (optimizer moments, extra): off the mapped file, into
+    # private memory now, rather than copied a page at a time on its first write.
+    state = {key: value if key == "model" else _private(value)
+             for key, value in state.items()}
     for obj, key in ((optimizer, "optimizer"), (scheduler, "scheduler"), (scaler, "scaler"),
                      (loader, "loader")):
         if obj is not None and state.get(key) is not None:

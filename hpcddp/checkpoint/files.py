@@ -2,7 +2,7 @@
 
 A checkpoint is written into a temporary directory beside its final place, every file is
 fsynced, then the directory, then it is renamed into place and the parent directory is
-fsynced. The SHA-256 of each file is computed while it is written, not in a second pass.
+fsynced. The digest of each file is computed while it is written, not in a second pass.
 The writer holds an exclusive ``flock`` on its temporary directory, so that a reader can
 tell a save in progress (an evaluation job loading beside a training job) from one whose
 writer was killed.
@@ -14,41 +14,42 @@ import fcntl
 import hashlib
 import io
 import os
-import queue
 import shutil
-import threading
 from typing import Callable, Dict
 
-__all__ = ["HashingWriter", "fsync_dir", "publish_dir", "replace_file", "sha256_of_bytes",
-           "writer_alive"]
+import xxhash
+
+__all__ = ["DIGEST", "DIGESTS", "HashingWriter", "digest_of", "fsync_dir", "publish_dir",
+           "replace_file", "writer_alive"]
+
+
+# New checkpoints are checked with XXH3-128: a corruption check needs no cryptographic
+# strength, and it runs at about 11 GiB/s here against SHA-256's 1.4 (with SHA
+# instructions) or 0.8 (without). Checkpoints written with SHA-256 still verify.
+DIGESTS = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
+DIGEST = "xxh3_128"
+
+
+def digest_of(algorithm: str, data) -> str:
+    """The hex digest of ``data`` (any buffer) with ``algorithm``, a key of ``DIGESTS``."""
+    return DIGESTS[algorithm](data).hexdigest()
 
 
 class HashingWriter(io.RawIOBase):
-    """A write-only file that hashes and counts what passes through it.
+    """A write-only file that hashes (XXH3-128) and counts what passes through it.
 
-    Hashing runs in a helper thread on copies of the written chunks (``hashlib`` releases
-    the GIL), so it overlaps with serialization instead of adding to it: SHA-256 of a
-    72 MiB checkpoint takes about 60 ms here, most of a ``torch.save``.
+    The hash is computed while writing, not in a second pass over the file, at a small
+    fraction of the cost of the write itself.
     """
 
     def __init__(self, path):
         super().__init__()
         self._file = open(path, "wb")
-        self._sha256 = hashlib.sha256()
+        self._hash = DIGESTS[DIGEST]()
         self.size = 0
         # torch's zip writer turns a failed write into a RuntimeError without the errno;
         # the original error is kept here so the caller can raise it (ENOSPC, EFBIG).
         self.error = None
-        self._chunks = queue.Queue(maxsize=64)
-        self._hasher = threading.Thread(target=self._hash, name="hpcddp-hash", daemon=True)
-        self._hasher.start()
-
-    def _hash(self):
-        while True:
-            chunk = self._chunks.get()
-            if chunk is None:
-                return
-            self._sha256.update(chunk)
 
     def writable(self):
         return True
@@ -60,23 +61,16 @@ class HashingWriter(io.RawIOBase):
         except OSError as error:
             self.error = error
             raise
-        # torch reuses or frees its buffer after write() returns: hash a copy.
-        self._chunks.put(bytes(view))
+        self._hash.update(view)
         self.size += view.nbytes
         return view.nbytes
 
     def hexdigest(self) -> str:
-        """The SHA-256 of everything written (after ``sync_and_close``)."""
-        return self._sha256.hexdigest()
-
-    def _stop_hashing(self):
-        if self._hasher.is_alive():
-            self._chunks.put(None)
-            self._hasher.join()
+        """The digest of everything written."""
+        return self._hash.hexdigest()
 
     def abandon(self):
         """Close without syncing, after a failure."""
-        self._stop_hashing()
         try:
             self._file.close()
         except OSError:
@@ -86,7 +80,6 @@ class HashingWriter(io.RawIOBase):
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        self._stop_hashing()
         super().close()
 
 
@@ -161,6 +154,3 @@ def replace_file(path, text: str) -> None:
         raise
     fsync_dir(os.path.dirname(os.path.abspath(path)))
 
-
-def sha256_of_bytes(data) -> str:
-    return hashlib.sha256(data).hexdigest()

@@ -5,7 +5,6 @@ A checkpoint is a directory ``step-<step>`` holding ``state.pt`` and ``manifest.
 """
 
 import contextlib
-import hashlib
 import json
 import mmap
 import os
@@ -17,7 +16,8 @@ from typing import Iterator, List
 
 import torch
 
-from hpcddp.checkpoint.files import HashingWriter, publish_dir, replace_file, writer_alive
+from hpcddp.checkpoint.files import (DIGEST, DIGESTS, HashingWriter, digest_of, publish_dir,
+                                     replace_file, writer_alive)
 from hpcddp.version import __version__
 
 __all__ = ["FORMAT", "Opened", "candidates", "open_candidates", "remove_old",
@@ -71,7 +71,7 @@ def _write_and_publish(root, final, step, state, world_size) -> None:
         manifest = {"format": FORMAT, "step": step, "world_size": world_size,
                     "hpcddp": __version__, "torch": str(torch.__version__),
                     "files": {STATE: {"size": writer.size,
-                                      "sha256": writer.hexdigest()}}}
+                                      DIGEST: writer.hexdigest()}}}
         with open(os.path.join(tmp, MANIFEST), "w") as f:
             json.dump(manifest, f, indent=1)
             f.flush()
@@ -124,47 +124,54 @@ def _check_manifest(manifest) -> dict:
     entry = manifest.get("files", {}).get(STATE) if isinstance(manifest.get("files"), dict) \
         else None
     if not isinstance(entry, dict) or not isinstance(entry.get("size"), int) or \
-            not isinstance(entry.get("sha256"), str):
-        raise ValueError(f"{MANIFEST} has no size and sha256 for {STATE}")
+            not any(isinstance(entry.get(name), str) for name in DIGESTS):
+        raise ValueError(f"{MANIFEST} has no size and digest ({', '.join(DIGESTS)}) for "
+                         f"{STATE}")
     return entry
 
 
 class Opened:
-    """A checkpoint file mapped into memory, its SHA-256 checked in a background thread.
+    """A checkpoint's state file, open and mapped, its digest checked in a background
+    thread while the bytes are broadcast and deserialized (the hashes release the GIL).
 
-    The check runs while the bytes are broadcast and deserialized (``hashlib`` releases
-    the GIL): on this machine hashing 72 MiB takes longer than ``torch.load`` does.
+    ``fd`` stays open until ``close()``: ranks on the same node map the file through it.
     """
 
     def __init__(self, path):
         with open(os.path.join(path, MANIFEST), "rb") as f:
             manifest = json.loads(f.read())
         expected = _check_manifest(manifest)
-        with open(os.path.join(path, STATE), "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+        self.algorithm = next(name for name in DIGESTS if isinstance(expected.get(name), str))
+        self.expected = expected[self.algorithm]
+        self.fd = os.open(os.path.join(path, STATE), os.O_RDONLY)
+        try:
+            size = os.fstat(self.fd).st_size
             if size != expected["size"]:
                 raise ValueError(f"{STATE} has {size} bytes, the manifest says "
                                  f"{expected['size']}")
             if size == 0:
                 raise ValueError(f"{STATE} is empty")
-            self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            self.map = mmap.mmap(self.fd, size, access=mmap.ACCESS_READ)
+        except BaseException:
+            os.close(self.fd)
+            raise
         self.path, self.manifest, self.size = path, manifest, size
         self._digest = None
         self._thread = threading.Thread(target=self._hash, name="hpcddp-verify", daemon=True)
         self._thread.start()
 
     def _hash(self):
-        self._digest = hashlib.sha256(self.map).hexdigest()
+        self._digest = digest_of(self.algorithm, self.map)
 
     def verified(self) -> bool:
         """Wait for the hash; True if it matches the manifest."""
         self._thread.join()
-        return self._digest == self.manifest["files"][STATE]["sha256"]
+        return self._digest == self.expected
 
     def close(self):
         self._thread.join()
-        if isinstance(self.map, mmap.mmap):
-            self.map.close()
+        self.map.close()
+        os.close(self.fd)
 
 
 def open_candidates(root, skipped: List[str]) -> Iterator[Opened]:

@@ -167,7 +167,8 @@ def test_every_checkpoint_damaged_is_an_error_unless_allowed(world, folder):
         with pytest.raises(checkpoint.DamagedCheckpointsError,
                            match=r"every checkpoint under .* is damaged.*step-000000002: "
                                  r"ValueError: manifest.json holds a list.*step-000000001: "
-                                 r"state.pt does not match its SHA-256.*allow_damaged=True"):
+                                 r"state.pt does not match its xxh3_128 digest.*"
+                                 r"allow_damaged=True"):
             checkpoint.load(folder, model)
         assert checkpoint.load(folder, model, allow_damaged=True) is None
     # Nothing was lost: both damaged checkpoints are still there to repair.
