@@ -30,7 +30,7 @@ from hpcddp.process_group import (  # noqa: E402
     destroy_default_group, init_default_group, register_backend)
 from hpcddp.world import World  # noqa: E402
 
-__all__ = ["finalize", "get_world", "init", "shutdown"]
+__all__ = ["current_world", "finalize", "get_world", "init", "shutdown"]
 
 _WORLD: Optional[World] = None
 
@@ -107,6 +107,11 @@ def init(comm=None, *, torch_group: Optional[bool] = None,
 def get_world() -> World:
     """Return the ``World`` of ``hpcddp.init()``, initializing on first use."""
     return _WORLD if _WORLD is not None else init()
+
+
+def current_world() -> Optional[World]:
+    """The ``World`` of ``hpcddp.init()``, or None before it (never initializes)."""
+    return _WORLD
 
 
 def _world_for_backend() -> World:

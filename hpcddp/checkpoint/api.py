@@ -15,7 +15,7 @@ from hpcddp.checkpoint.rng import capture_rng, reseed_rng, restore_rng
 from hpcddp.comm import activity
 from hpcddp.comm.agree import share_outcome
 from hpcddp.ddp import DistributedDataParallel
-from hpcddp.runtime import get_world
+from hpcddp.runtime import current_world, get_world
 
 __all__ = ["DamagedCheckpointsError", "Resumed", "load", "load_model_state", "save"]
 
@@ -36,8 +36,7 @@ def _comm(comm):
 def _node_of(comm):
     """The world's node communicator when ``comm`` is the world's (made once, at init);
     None lets the caller make one."""
-    from hpcddp import runtime
-    world = runtime._WORLD
+    world = current_world()
     return world.local_comm if world is not None and comm is world.comm else None
 
 
@@ -247,7 +246,8 @@ def load(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
 
     Rank 0 verifies checkpoints newest first against their manifests (size and digest),
     skipping a corrupt or partial one with a warning, reads the first good one and
-    broadcasts it; the other ranks never touch the file system. Tensors are loaded on
+    broadcasts it once per node; ranks on its node map rank 0's open file, and ranks on
+    other nodes never touch the file system. Tensors are loaded on
     the host (or ``device``) and copied into place by each object's ``load_state_dict``,
     so optimizer state follows its parameters exactly as after ``torch.load(...,
     map_location="cpu")`` (Adam's ``step`` stays on the host, as in an unbroken run).
