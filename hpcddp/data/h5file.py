@@ -13,8 +13,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["DatasetInfo", "inspect_file", "open_h5", "DataFileError", "h5py_module",
-           "check_not_being_written"]
+__all__ = ["DatasetInfo", "inspect_file", "open_h5", "DataFileError", "h5py_module"]
 
 # Kinds torch can hold: bool, signed and unsigned integers, floats, complex.
 _SUPPORTED_KINDS = "biufc"
@@ -110,16 +109,13 @@ def _writer_holds_lock(path) -> bool:
     return False
 
 
-def check_not_being_written(path, swmr: bool = False) -> None:
-    """Refuse a file another process has open for writing: what it has not written yet
-    would be read as zeros (or as whatever the disk held), silently.
+def _check_not_being_written(path, flags: int, swmr: bool) -> None:
+    """Refuse a file another process has open for writing (``flags``: its superblock's):
+    what it has not written yet would be read as zeros, or as whatever the disk held.
 
     A file written in SWMR mode is readable while it grows with ``swmr=True``: the rows
     the writer has flushed are then read, and nothing else.
     """
-    flags = _consistency_flags(path)
-    if flags is None:
-        return
     if flags & _SWMR_WRITE:
         if swmr:
             return
@@ -168,14 +164,17 @@ def _describe(path, f, key) -> DatasetInfo:
     return info
 
 
-def _check_is_hdf5(path) -> None:
+def _check_is_hdf5(path) -> int:
+    """Refuse what is not an HDF5 file; return its superblock's consistency flags."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file")
     if os.path.isdir(path):
         raise DataFileError(f"{path} is a directory; pass the HDF5 file itself")
-    if _consistency_flags(path) is None:
+    flags = _consistency_flags(path)
+    if flags is None:
         raise DataFileError(f"{path} is not an HDF5 file (no HDF5 signature in it); convert "
                             f"the data with `hpcddp pack` or h5py")
+    return flags
 
 
 def inspect_file(path, keys: Optional[Sequence[str]] = None, locking: bool = False,
@@ -195,8 +194,7 @@ def inspect_file(path, keys: Optional[Sequence[str]] = None, locking: bool = Fal
             keys of different lengths.
     """
     path = os.fspath(path)
-    _check_is_hdf5(path)
-    check_not_being_written(path, swmr)
+    _check_not_being_written(path, _check_is_hdf5(path), swmr)
     try:
         f = open_h5(path, locking, swmr)
     except OSError as error:

@@ -50,16 +50,16 @@ class MemmapReader:
 
     def __init__(self, path, infos: Sequence[DatasetInfo], **_):
         self.path = os.fspath(path)
-        # The maps' own file is the one this descriptor sees, even if the path is replaced.
-        self._fd = os.open(self.path, os.O_RDONLY)
-        self.maps = [np.memmap(path, dtype=np.dtype(i.dtype), mode="r", offset=i.offset,
-                               shape=i.shape) for i in infos]
+        # One open file for the maps and the size check, even if the path is replaced.
+        self._file = open(self.path, "rb")
+        self.maps = [np.memmap(self._file, dtype=np.dtype(i.dtype), mode="r",
+                               offset=i.offset, shape=i.shape) for i in infos]
         self._ends = [(i.offset + i.shape[0] * i.row_bytes, i.key) for i in infos]
 
     def _check_size(self) -> None:
         """Refuse to read a file that has shrunk: touching a mapped page past its end would
         kill the process with SIGBUS, naming neither the rank nor the file."""
-        size = os.fstat(self._fd).st_size
+        size = os.fstat(self._file.fileno()).st_size
         for end, key in self._ends:
             if end > size:
                 raise DataFileError(
@@ -83,9 +83,7 @@ class MemmapReader:
 
     def close(self):
         self.maps = []
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._file.close()
 
 
 class H5pyReader:

@@ -1,5 +1,9 @@
 """Fixtures for the MPI tests (run under ``mpiexec ... pytest -p hpcddp.testing``)."""
 
+import os
+import shutil
+import tempfile
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -12,6 +16,17 @@ from gpu import skip_or_fail_without_gpu
 @pytest.fixture(scope="module")
 def world():
     return hpcddp.init()
+
+
+@pytest.fixture
+def folder(world):
+    """A checkpoint directory (not yet made) in a temporary folder every rank shares."""
+    path = tempfile.mkdtemp(prefix="hpcddp-ckpt-") if world.rank == 0 else None
+    path = world.comm.bcast(path, root=0)
+    yield os.path.join(path, "ckpt")
+    world.comm.Barrier()
+    if world.rank == 0:
+        shutil.rmtree(path)
 
 
 @pytest.fixture(params=["cpu", "cuda"])

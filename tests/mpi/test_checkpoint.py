@@ -3,8 +3,6 @@
 import copy
 import json
 import os
-import shutil
-import tempfile
 import warnings
 
 import pytest
@@ -16,16 +14,6 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 import hpcddp
 import hpcddp.checkpoint as checkpoint
 from ddp_models import MLP, global_batch, share
-
-
-@pytest.fixture
-def folder(world):
-    path = tempfile.mkdtemp(prefix="hpcddp-ckpt-") if world.rank == 0 else None
-    path = world.comm.bcast(path, root=0)
-    yield os.path.join(path, "ckpt")
-    world.comm.Barrier()
-    if world.rank == 0:
-        shutil.rmtree(path)
 
 
 def _trained(world, steps=2, device="cpu"):

@@ -5,8 +5,6 @@ result is compared with ``torch.load`` of the file itself."""
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 import warnings
 
 import pytest
@@ -16,16 +14,6 @@ import hpcddp
 import hpcddp.checkpoint as checkpoint
 from ddp_models import MLP
 from hpcddp.checkpoint import delivery, store
-
-
-@pytest.fixture
-def folder(world):
-    path = tempfile.mkdtemp(prefix="hpcddp-ckpt-") if world.rank == 0 else None
-    path = world.comm.bcast(path, root=0)
-    yield os.path.join(path, "ckpt")
-    world.comm.Barrier()
-    if world.rank == 0:
-        shutil.rmtree(path)
 
 
 def _saved(world, folder, step, seed):

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from hpcddp.data import DataFileError, H5Dataset, inspect_file
-from hpcddp.data.h5file import check_not_being_written
 from hpcddp.data.readers import H5pyReader, MemmapReader
 
 # A writer that creates the file, writes the first half of the rows, flushes, says so
@@ -75,7 +74,7 @@ def test_the_same_file_reads_once_the_writer_has_closed_it(writer, tmp_path):
     # The fixture's writer closes the file at teardown; here a copy closed at once.
     with h5py.File(tmp_path / "closed.h5", "w") as f:
         f["x"] = np.ones((100, 4), np.float32)
-    check_not_being_written(tmp_path / "closed.h5")
+    inspect_file(tmp_path / "closed.h5")
     assert H5Dataset(tmp_path / "closed.h5", ["x"])[99][0].sum() == 4
 
 
