@@ -3,8 +3,9 @@
 Run: ``mpiexec -n 2 python benchmarks/bench_loader.py [--dir /tmp]``. Reads come from
 the page cache (each file is read once before timing).
 
-(i)   a sequential full epoch of a ~1 GiB float32 contiguous dataset, against the fastest
-      raw read of the same bytes by the same ranks (memmap copy, np.fromfile, MPI-IO);
+(i)   a sequential full epoch of a ~1 GiB float32 contiguous dataset in batches of 64,
+      1024 and 4096 rows (256 KiB to 16 MiB), against the fastest raw read of the same
+      rows by the same ranks, paired round by round, over 5 runs with fresh loaders;
 (ii)  shuffled batches of 64 x 4 KiB samples, against DataLoader(H5Dataset, batch_size=64,
       sampler=DistributedSampler, num_workers=2 and 0);
 (iii) the time the loader adds to a training step that computes for about 10 ms.
@@ -21,7 +22,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler as TorchSampler
 
 import hpcddp
-from common import write
+from common import interleaved_seconds, write
 from hpcddp.data import H5Dataset, ShardedLoader, inspect_file
 from hpcddp.data.pack import pack_arrays
 
@@ -50,73 +51,94 @@ def slowest(comm, fn):
     return comm.allreduce(time.perf_counter() - start, op=MPI.MAX), result
 
 
-def sequential(world, path, repeats):
-    info = {i.key: i for i in inspect_file(path)}["x"]
-    rows, nbytes = info.shape[0], info.shape[0] * info.row_bytes
+def _raw_reads(world, path, info):
+    """Raw reads of the rank's rows: the fastest ways to move these bytes.
+
+    Each copies in 16 MiB blocks into one reused buffer, which stays in cache, with no
+    page faults on fresh memory or a fresh map. ``same_rows`` copies the rows the loader reads
+    (DistributedSampler deals rows out round-robin: rank r reads r, r + size, ...).
+    """
+    rows = info.shape[0]
     share = np.array_split(np.arange(rows), world.size)[world.rank]
     a, b = int(share[0]), int(share[-1]) + 1
-
-    # Raw reads copy the rank's share in 16 MiB blocks into one reused buffer: the
-    # fastest way to move these bytes, with no page faults on fresh memory.
     block_rows = 4096
     buffer = np.empty((block_rows, ROW), np.float32)
     blocks = [(s, min(s + block_rows, b)) for s in range(a, b, block_rows)]
+    strided = [(s, min(s + block_rows * world.size, rows)) for s in
+               range(world.rank, rows, block_rows * world.size)]
+
+    # Mapped once, as the loader maps it: a fresh map of 1 GiB pays a page-table fault per
+    # 64 KiB on every pass, which measured here made the raw read 30-50 % slower.
+    m = np.memmap(path, np.float32, "r", offset=info.offset, shape=info.shape)
+
+    def same_rows():
+        for s, e in strided:
+            part = m[s:e:world.size]
+            np.copyto(buffer[:len(part)], part)
+
+    other = np.empty_like(buffer)
+
+    def same_rows_two_buffers():
+        # What a loader must do when the caller still holds the last batch while the
+        # next is read: alternate two buffers, so the one written is not the one in cache.
+        for i, (s, e) in enumerate(strided):
+            part = m[s:e:world.size]
+            np.copyto((buffer, other)[i % 2][:len(part)], part)
 
     def memmap_copy():
-        m = np.memmap(path, np.float32, "r", offset=info.offset, shape=info.shape)
         for s, e in blocks:
             np.copyto(buffer[:e - s], m[s:e])
-        return (b - a) * info.row_bytes
 
     def readinto():
         with open(path, "rb", buffering=0) as f:
             for s, e in blocks:
                 f.seek(info.offset + s * info.row_bytes)
                 f.readinto(memoryview(buffer[:e - s]).cast("B"))
-        return (b - a) * info.row_bytes
 
     def mpiio():
         fh = MPI.File.Open(world.comm, path, MPI.MODE_RDONLY)
         for s, e in blocks:  # each call far under 2**31 elements
             fh.Read_at(info.offset + s * info.row_bytes, buffer[:e - s])
         fh.Close()
-        return (b - a) * info.row_bytes
 
-    # The same bytes the loader reads: DistributedSampler deals rows out round-robin, so
-    # rank r's rows are r, r + size, ... (a strided range), copied the fastest way.
-    strided = [(s, min(s + block_rows * world.size, rows)) for s in
-               range(world.rank, rows, block_rows * world.size)]
+    return {"raw_same_rows": same_rows, "raw_same_rows_two_buffers": same_rows_two_buffers,
+            "raw_memmap_halves": memmap_copy,
+            "raw_readinto_halves": readinto, "raw_mpiio_halves": mpiio}
 
-    def memmap_strided():
-        m = np.memmap(path, np.float32, "r", offset=info.offset, shape=info.shape)
-        for s, e in strided:
-            part = m[s:e:world.size]
-            np.copyto(buffer[:len(part)], part)
-        return (b - a) * info.row_bytes
 
-    loaders = {f"sharded_loader_prefetch{p}": ShardedLoader(path, ["x"], batch_size=4096,
-                                                            shuffle=False, prefetch=p)
-               for p in (0, 2)}
+def sequential(world, path, runs, rounds, batch_sizes=(64, 1024, 4096)):
+    """Epochs of the loader against the raw read of the same rows, paired.
 
-    def epoch(loader):
-        return lambda: sum(x.numel() * 4 for (x,) in loader)
-
-    runs = {"memmap_strided_same_rows": memmap_strided, "memmap_copy": memmap_copy,
-            "file_readinto": readinto, "mpiio_read_at": mpiio,
-            **{k: epoch(v) for k, v in loaders.items()}}
-    for fn in runs.values():
-        fn()  # into the page cache, and warm
-    seconds = {k: [] for k in runs}
-    for _ in range(repeats):
-        for key, fn in runs.items():
-            seconds[key].append(slowest(world.comm, fn)[0])
-    rate = {k: nbytes / GIB / float(np.median(v)) for k, v in seconds.items()}
-    raw_best = max(rate[k] for k in ("memmap_copy", "file_readinto", "mpiio_read_at"))
-    same = rate["memmap_strided_same_rows"]
-    return {"bytes": nbytes, "GiB_per_s": rate, "backend": loaders["sharded_loader_prefetch0"].backend,
-            "loader_share_of_fastest_raw_same_rows": {k: rate[k] / same for k in loaders},
-            "loader_share_of_fastest_raw_contiguous_halves": {k: rate[k] / raw_best
-                                                              for k in loaders}}
+    This machine's copy rate drifts by +-20 % over seconds, so each round times the raw
+    read and then every loader once, and the figure is the median over rounds of the
+    per-round ratio. Each of ``runs`` builds fresh loaders and buffers, so run-to-run
+    differences (buffer placement, allocation) show in the spread across runs.
+    """
+    info = {i.key: i for i in inspect_file(path)}["x"]
+    nbytes = info.shape[0] * info.row_bytes
+    raw = _raw_reads(world, path, info)
+    per_run = []
+    for _ in range(runs):
+        loaders = {f"batch{bs}_prefetch{p}": ShardedLoader(path, ["x"], batch_size=bs,
+                                                           shuffle=False, prefetch=p)
+                   for bs in batch_sizes for p in (0, 2)}
+        epochs = {k: (lambda loader=v: sum(x.numel() for (x,) in loader))
+                  for k, v in loaders.items()}
+        times = interleaved_seconds(world.comm, {**raw, **epochs}, rounds)
+        same = np.array(times["raw_same_rows"])
+        per_run.append({
+            "GiB_per_s": {k: nbytes / GIB / float(np.median(v)) for k, v in times.items()},
+            "share_of_raw_same_rows": {k: float(np.median(same / np.array(times[k])))
+                                       for k in [*loaders, "raw_same_rows_two_buffers"]},
+            "buffers_allocated": {k: v._pool.allocated for k, v in loaders.items()}})
+        for loader in loaders.values():
+            loader.close()
+    shares = {k: [run["share_of_raw_same_rows"][k] for run in per_run]
+              for k in per_run[0]["share_of_raw_same_rows"]}
+    return {"bytes": nbytes, "runs": runs, "rounds_per_run": rounds,
+            "backend": "memmap", "per_run": per_run,
+            "share_of_raw_same_rows": {k: {"median": float(np.median(v)), "min": min(v),
+                                           "max": max(v)} for k, v in shares.items()}}
 
 
 def shuffled(world, path, batches):
@@ -201,11 +223,12 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--dir", default="/tmp")
     parser.add_argument("--gib", type=float, default=1.0)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=5, help="fresh loaders and buffers")
+    parser.add_argument("--rounds", type=int, default=11, help="paired epochs per run")
     args = parser.parse_args()
     world = hpcddp.init()
     path = make_file(world, args.dir, int(args.gib * GIB) // (ROW * 4))
-    results = {"sequential": sequential(world, path, args.repeats),
+    results = {"sequential": sequential(world, path, args.runs, args.rounds),
                "shuffled_4KiB_batch64": shuffled(world, path, batches=100),
                "step_overhead": step_overhead(world, path, steps=200)}
     if world.is_main:

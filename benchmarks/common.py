@@ -39,11 +39,12 @@ def median_ms(samples):
     return float(np.median(samples) * 1e3)
 
 
-def interleaved_ms(comm, runs, iters):
+def interleaved_seconds(comm, runs, iters):
     """Warm each of ``runs`` up once, then time them in turn ``iters`` times.
 
-    Returns ``{"<name>_ms": median of the slowest rank's times}``; interleaving keeps a
-    drift in the machine's speed from favouring one of them.
+    Returns ``{name: [the slowest rank's seconds, one per turn]}``; interleaving keeps a
+    drift in the machine's speed from favouring one of them, and the i-th samples of two
+    runs were taken moments apart (for paired ratios).
     """
     samples = {name: [] for name in runs}
     for fn in runs.values():
@@ -51,7 +52,13 @@ def interleaved_ms(comm, runs, iters):
     for _ in range(iters):
         for name, fn in runs.items():
             samples[name].append(timed(comm, fn))
-    return {f"{name}_ms": median_ms(values) for name, values in samples.items()}
+    return samples
+
+
+def interleaved_ms(comm, runs, iters):
+    """``interleaved_seconds`` as ``{"<name>_ms": median}``."""
+    return {f"{name}_ms": median_ms(values)
+            for name, values in interleaved_seconds(comm, runs, iters).items()}
 
 
 def write(name, payload, world):

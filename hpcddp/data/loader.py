@@ -31,6 +31,11 @@ __all__ = ["ShardedLoader"]
 
 log = logging.getLogger("hpcddp.data")
 _STATE_VERSION = 1
+# Batches smaller than this are read several at a time, in one copy (or one h5py call)
+# per dataset: at 64 rows of 4 KiB, a read per batch spent more time in per-call overhead
+# (index checks, the pool, the prefetch queue) than in copying, and reached 50-70 % of a
+# raw read's rate (benchmarks/bench_loader.py).
+_READ_BYTES = 4 << 20
 
 
 class ShardedLoader(Closable):
@@ -44,6 +49,8 @@ class ShardedLoader(Closable):
         device: where batches go; on CUDA they are read into pinned buffers that are
             reused, and copied with ``non_blocking=True`` on the current stream.
         prefetch: batches read ahead by a background thread; 0 reads in the caller.
+            Batches under 4 MiB are read several at a time (as many as fit in 4 MiB, one
+            copy or h5py call per dataset), so the thread may be further ahead.
         backend: ``"auto"``, ``"memmap"``, ``"h5py"`` or ``"mpio"``; ``self.backend``
             says which one reads.
         chunk_shuffle: for chunked or compressed files: shuffle whole chunks, then
@@ -109,6 +116,8 @@ class ShardedLoader(Closable):
                 "batches are read in the calling thread (prefetch=0)"):
             self.prefetch = 0
         self._to_gpu = self.device is not None and self.device.type == "cuda"
+        self._batches_per_read = max(1, _READ_BYTES // (
+            self.batch_size * sum(i.row_bytes for i in self.infos)))
         self._pool = BufferPool(limit=self.prefetch + 4,
                                 allocate=pinned_array if self._to_gpu else np.empty)
         self._in_flight = deque()  # (event, host batch) until the batch's copy completes
@@ -171,20 +180,21 @@ class ShardedLoader(Closable):
 
     # -- iteration ---------------------------------------------------------------------
 
-    def _batches(self):
+    def _reads(self):
+        """This epoch's remaining samples, in reads of ``_batches_per_read`` whole batches."""
         if self._finished:
             # An epoch iterated to its end here and iterated again starts over, as a
             # DataLoader does. A position loaded at the end of an epoch yields nothing.
             self._position, self._remap_from, self._finished = 0, None, False
         indices = self.indices()
-        return [indices[i:i + self.batch_size]
-                for i in range(self._position, len(indices), self.batch_size)]
+        span = self.batch_size * self._batches_per_read
+        return [indices[i:i + span] for i in range(self._position, len(indices), span)]
 
-    def _load(self, batch) -> tuple:
+    def _load(self, rows) -> tuple:
         out = None
         if self.backend == "memmap":
-            out = [self._pool.get((len(batch),) + i.shape[1:], i.dtype) for i in self.infos]
-        arrays = self._reader.read(batch, out)
+            out = [self._pool.get((len(rows),) + i.shape[1:], i.dtype) for i in self.infos]
+        arrays = self._reader.read(rows, out)
         if self._to_gpu and out is None:
             arrays = [self._pinned_copy(a) for a in arrays]
         return tuple(as_tensor(a) for a in arrays)
@@ -211,16 +221,21 @@ class ShardedLoader(Closable):
 
     def __iter__(self):
         self._check_open()
-        batches = self._batches()
-        if self.prefetch == 0:
-            for batch in batches:
-                yield self._deliver(self._load(batch), len(batch))
-        else:
-            prefetcher = _Prefetcher(self._load, batches, self.prefetch)
-            try:
-                for batch, tensors in zip(batches, prefetcher):
-                    yield self._deliver(tensors, len(batch))
-            finally:
+        reads = self._reads()
+        prefetcher = None
+        if self.prefetch:
+            # At least ``prefetch`` batches ahead, in whole reads.
+            depth = -(-self.prefetch // self._batches_per_read)
+            prefetcher = _Prefetcher(self._load, reads, depth)
+        try:
+            for tensors in prefetcher if prefetcher else map(self._load, reads):
+                # Each batch is a view of the read: the read's buffer returns to the pool
+                # once the caller has let go of every batch cut from it.
+                for start in range(0, tensors[0].shape[0], self.batch_size):
+                    batch = tuple(t[start:start + self.batch_size] for t in tensors)
+                    yield self._deliver(batch, batch[0].shape[0])
+        finally:
+            if prefetcher:
                 prefetcher.stop()
         self._finished = True
 

@@ -1,5 +1,6 @@
 """ShardedLoader on real HDF5 files, against torch's DataLoader + DistributedSampler."""
 
+import importlib
 import os
 import shutil
 import tempfile
@@ -76,6 +77,33 @@ def test_batches_equal_torch_dataloader_with_distributed_sampler(world, files, k
         assert len(ours) == len(theirs) == len(loader)
         for (x, y), (rx, ry) in zip(ours, theirs):
             assert torch.equal(x, rx) and torch.equal(y, ry)
+    loader.close()
+
+
+@pytest.mark.parametrize("kind", ["flat", "gzip", "swapped"])
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_small_batches_read_together_stay_intact(world, files, monkeypatch, kind, prefetch):
+    """Batches that share one read's buffer: a batch the caller keeps is never overwritten,
+    and a buffer whose batches were all let go is filled again."""
+    paths, _ = files
+    row_bytes = 5 * 4 + 8  # x: 5 float32, y: int64
+    monkeypatch.setattr(importlib.import_module("hpcddp.data.loader"), "_READ_BYTES",
+                        3 * 4 * row_bytes)
+    loader = ShardedLoader(paths[kind], ["x", "y"], batch_size=4, seed=6, prefetch=prefetch)
+    assert loader._batches_per_read == 3
+    theirs = _reference_batches(world, paths[kind], 4, 0, shuffle=True, seed=6)
+    kept = []
+    for i, (x, y) in enumerate(loader):
+        assert torch.equal(x, theirs[i][0]) and torch.equal(y, theirs[i][1])
+        if i % 5 == 0:
+            kept.append((i, x, y))
+    assert i + 1 == len(theirs) == len(loader)
+    for i, x, y in kept:  # later reads went through the pool meanwhile
+        assert torch.equal(x, theirs[i][0]) and torch.equal(y, theirs[i][1])
+    del kept, x, y
+    allocated = loader._pool.allocated
+    assert sum(1 for _ in loader) == len(theirs)
+    assert loader._pool.allocated == allocated  # nothing kept: every buffer came back
     loader.close()
 
 

@@ -34,7 +34,9 @@ for batch in iterator:
             with open(sys.argv[3], "w") as f:
                 json.dump(states, f)
         break
-everyone = world.comm.gather({"batches": batches, "read_ahead": len(reads) - len(batches)},
+# Rows read but not handed out (a read covers several small batches).
+ahead = sum(reads) - sum(len(b) for b in batches)
+everyone = world.comm.gather({"batches": batches, "read_ahead": ahead},
                              root=0)
 if world.rank == 0:
     with open(out, "w") as f:
