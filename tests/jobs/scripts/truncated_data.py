@@ -18,7 +18,9 @@ world = hpcddp.init()
 path = os.path.join(sys.argv[1], "train.h5")
 if world.rank == 0:
     with h5py.File(path, "w") as f:
-        f["x"] = np.zeros((4096, 64), np.float32)  # 1 MiB, contiguous: the memmap reader
+        # 16 MiB, contiguous (the memmap reader): 8 MiB per rank, more than one 4 MiB
+        # read, so batches after the first read come from the truncated file.
+        f["x"] = np.zeros((4096, 1024), np.float32)
 world.comm.Barrier()
 loader = ShardedLoader(path, ["x"], batch_size=256, prefetch=0)
 assert loader.backend == "memmap"
