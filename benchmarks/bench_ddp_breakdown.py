@@ -95,7 +95,6 @@ class Phases:
     def __init__(self, ddp):
         self.ms = dict.fromkeys(self.NAMES, 0.0)
         self.tests = {"in_backward": 0}
-        self.steps = 0
         red, transport = ddp.reducer, ddp.reducer.transport
         red.progress = self._timed("test_and_launch_in_hooks", red.progress)
         red._launch_ready = self._timed("test_and_launch_in_hooks", red._launch_ready)
@@ -109,7 +108,6 @@ class Phases:
             self.tests["in_backward"] += sum(1 for p in transport._issued if not p.done)
             return advance()
         transport.advance = counted_advance
-        self._red = red
         on_grad = self._timed("hooks", red._on_grad)
         for hook in red._hooks:
             hook.remove()

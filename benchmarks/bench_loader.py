@@ -131,12 +131,13 @@ def sequential(world, path, runs, rounds, batch_sizes=(64, 1024, 4096)):
             "share_of_raw_same_rows": {k: float(np.median(same / np.array(times[k])))
                                        for k in [*loaders, "raw_same_rows_two_buffers"]},
             "buffers_allocated": {k: v._pool.allocated for k, v in loaders.items()}})
+        backends = sorted({loader.backend for loader in loaders.values()})
         for loader in loaders.values():
             loader.close()
     shares = {k: [run["share_of_raw_same_rows"][k] for run in per_run]
               for k in per_run[0]["share_of_raw_same_rows"]}
     return {"bytes": nbytes, "runs": runs, "rounds_per_run": rounds,
-            "backend": "memmap", "per_run": per_run,
+            "backend": backends, "per_run": per_run,
             "share_of_raw_same_rows": {k: {"median": float(np.median(v)), "min": min(v),
                                            "max": max(v)} for k, v in shares.items()}}
 

@@ -100,10 +100,12 @@ def test_small_batches_read_together_stay_intact(world, files, monkeypatch, kind
     assert i + 1 == len(theirs) == len(loader)
     for i, x, y in kept:  # later reads went through the pool meanwhile
         assert torch.equal(x, theirs[i][0]) and torch.equal(y, theirs[i][1])
-    del kept, x, y
-    allocated = loader._pool.allocated
-    assert sum(1 for _ in loader) == len(theirs)
-    assert loader._pool.allocated == allocated  # nothing kept: every buffer came back
+    if loader.backend == "memmap":  # the only reader that fills the pool's buffers
+        del kept, x, y
+        allocated = loader._pool.allocated
+        assert allocated > 0
+        assert sum(1 for _ in loader) == len(theirs)
+        assert loader._pool.allocated == allocated  # nothing kept: every buffer came back
     loader.close()
 
 
