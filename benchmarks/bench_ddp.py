@@ -90,9 +90,10 @@ def bookkeeping_us(repeats=200_000):
 
 
 def gradient_memory(ddp):
-    """Bytes held for gradients: bucket buffers plus .grad tensors living outside them."""
-    buckets = {b.buffer().untyped_storage().data_ptr(): b.buffer().untyped_storage().nbytes()
-               for b in ddp.reducer.buckets}
+    """Bytes held for gradients: bucket buffers plus .grad tensors living outside them
+    (a solo bucket that never needed a buffer of its own holds none)."""
+    buckets = {b.owned.untyped_storage().data_ptr(): b.owned.untyped_storage().nbytes()
+               for b in ddp.reducer.buckets if b.owned is not None}
     outside = {p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes()
                for p in ddp.parameters() if p.grad is not None}
     outside = {k: v for k, v in outside.items() if k not in buckets}
@@ -115,6 +116,11 @@ def bench_model(name, world, gloo, steps, caps, device):
                                             gradient_as_bucket_view=True)
     variants["hpcddp"] = _stepper(plain)
     variants["hpcddp_bucket_view"] = _stepper(viewed)
+    # HPCDDP_SOLO_BUCKET_KB=0: large host parameters copied into buckets, as in torch.
+    os.environ["HPCDDP_SOLO_BUCKET_KB"] = "0"
+    bucketed = hpcddp.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=25)
+    del os.environ["HPCDDP_SOLO_BUCKET_KB"]
+    variants["hpcddp_no_solo"] = _stepper(bucketed)
     for cap in caps:
         variants[f"hpcddp_cap{cap:g}"] = _stepper(
             hpcddp.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=cap))
@@ -149,6 +155,7 @@ def bench_model(name, world, gloo, steps, caps, device):
             timed(world.comm, lambda: world.comm.Allreduce(MPI.IN_PLACE, flat)))
     ms = {k: median_ms(v) for k, v in samples.items()}
     memory = {"hpcddp": gradient_memory(plain), "hpcddp_bucket_view": gradient_memory(viewed),
+              "hpcddp_no_solo": gradient_memory(bucketed),
               "hpcddp_pinned_staging": plain.reducer.transport.staged.staged_bytes}
     exposed = {k: ms[k] - ms["no_communication"] for k in ms if k.startswith(("hpcddp", "torch"))}
     result = {

@@ -9,7 +9,9 @@ is wrapped with timers, and all variants run interleaved, step by step, in one j
 - the bucket layout, and which bucket is launched last and how large it is;
 - how many ``Test`` calls reach a pending reduction, during backward and after it;
 - bucket caps (one bucket, torch's 1 MiB first bucket, a bucket per layer) and the
-  progress thread.
+  progress thread, all with every parameter copied into a bucket
+  (``HPCDDP_SOLO_BUCKET_KB=0``), and the default, where each 4 MiB weight is reduced in
+  its own gradient (a solo bucket), with and without the progress thread.
 
 Every variant runs twice: with the backward computed on the CPU, and with each layer's
 backward replaced by a sleep of the same length that returns gradients of the same
@@ -21,6 +23,7 @@ competition for cores costs.
 
 import argparse
 import functools
+import os
 import time
 
 import numpy as np
@@ -141,14 +144,17 @@ class Phases:
 
 
 VARIANTS = {
-    # name: DistributedDataParallel keyword arguments, progress thread
-    "one_bucket_cap25": ({"bucket_cap_mb": 25}, False),
-    "default_first_bucket_1MiB": ({}, False),
-    "bucket_per_layer_cap4": ({"bucket_cap_mb": 4}, False),
-    "bucket_view_cap25": ({"bucket_cap_mb": 25, "gradient_as_bucket_view": True}, False),
-    "progress_thread_cap4": ({"bucket_cap_mb": 4}, True),
+    # name: DistributedDataParallel keyword arguments, progress thread, solo buckets
+    "one_bucket_cap25": ({"bucket_cap_mb": 25}, False, False),
+    "default_first_bucket_1MiB": ({}, False, False),
+    "bucket_per_layer_cap4": ({"bucket_cap_mb": 4}, False, False),
+    "bucket_view_cap25": ({"bucket_cap_mb": 25, "gradient_as_bucket_view": True}, False,
+                          False),
+    "progress_thread_cap4": ({"bucket_cap_mb": 4}, True, False),
     "progress_thread_cap4_bucket_view": ({"bucket_cap_mb": 4,
-                                          "gradient_as_bucket_view": True}, True),
+                                          "gradient_as_bucket_view": True}, True, False),
+    "solo_weights_default": ({}, False, True),
+    "solo_weights_progress_thread": ({}, True, True),
 }
 
 
@@ -194,8 +200,11 @@ def run(world, make, steps, warmup):
     flat = np.ones(grad_bytes // 4, dtype=np.float32)
     runs = {"no_communication": _stepper(make(), x, y)}
     wrapped = {}
-    for name, (kwargs, thread) in VARIANTS.items():
+    for name, (kwargs, thread, solo) in VARIANTS.items():
+        if not solo:
+            os.environ["HPCDDP_SOLO_BUCKET_KB"] = "0"
         ddp = hpcddp.DistributedDataParallel(make(), **kwargs)
+        os.environ.pop("HPCDDP_SOLO_BUCKET_KB", None)
         ddp.reducer.progress_thread = thread
         wrapped[name] = (ddp, Phases(ddp))
         runs[name] = _active(wrapped[name][1], _stepper(ddp, x, y))
@@ -217,6 +226,7 @@ def run(world, make, steps, warmup):
         out["variants"][name] = {
             "exposed_ms": exposed, "exposed_vs_raw_allreduce": exposed / ms["raw_allreduce"],
             "bucket_bytes_in_launch_order": [layout.numel * 4 for layout in layouts],
+            "solo_buckets": sum(layout.solo for layout in layouts),
             "last_bucket_bytes": layouts[-1].numel * 4,
             **phases.per_step(world.comm, steps)}
     return out

@@ -5,15 +5,21 @@ order at first (backward runs roughly from the last layer to the first), then th
 actually observed in the first iteration. The first bucket is small so that
 communication starts early; the rest hold up to ``bucket_cap_mb``. Each bucket holds one
 dtype on one device, so it is one contiguous flat buffer.
+
+A large parameter in host memory gets a bucket of its own (``solo``), reduced where its
+gradient lies: copying it into a bucket and back costs about as much memory traffic as
+the reduction itself, while one more message costs less than copying 1 MiB. Device
+memory copies at hundreds of GB/s, so there the fewer messages of full buckets win.
 """
 
 from typing import Dict, List, NamedTuple, Sequence, Tuple
 
 __all__ = ["BucketLayout", "ParamSpec", "assign_buckets", "DEFAULT_CAP_MB",
-           "FIRST_BUCKET_BYTES"]
+           "FIRST_BUCKET_BYTES", "SOLO_BYTES"]
 
 DEFAULT_CAP_MB = 25.0
 FIRST_BUCKET_BYTES = 1 << 20
+SOLO_BYTES = 1 << 20
 
 
 class ParamSpec(NamedTuple):
@@ -33,11 +39,12 @@ class BucketLayout(NamedTuple):
     numel: int
     dtype: str
     device: str
+    solo: bool = False  # one parameter, reduced in its own gradient (no bucket copies)
 
 
 def assign_buckets(specs: Sequence[ParamSpec], order: Sequence[int],
-                   cap_bytes: int, first_cap_bytes: int = FIRST_BUCKET_BYTES
-                   ) -> List[BucketLayout]:
+                   cap_bytes: int, first_cap_bytes: int = FIRST_BUCKET_BYTES,
+                   solo_bytes: int = 0) -> List[BucketLayout]:
     """Group parameters into buckets.
 
     Args:
@@ -45,6 +52,8 @@ def assign_buckets(specs: Sequence[ParamSpec], order: Sequence[int],
         order: the parameter numbers in the order their gradients are expected.
         cap_bytes: the byte size at which a bucket is closed.
         first_cap_bytes: the smaller cap of the first bucket of each dtype and device.
+        solo_bytes: a parameter in host memory at least this large gets a ``solo``
+            bucket; 0 never.
 
     Returns:
         Buckets in launch order. A bucket is closed once it reaches its cap, so a single
@@ -61,32 +70,35 @@ def assign_buckets(specs: Sequence[ParamSpec], order: Sequence[int],
     open_buckets: Dict[Tuple[str, str], List[int]] = {}
     open_bytes: Dict[Tuple[str, str], int] = {}
     closed_count: Dict[Tuple[str, str], int] = {}
-    done: List[Tuple[int, List[int]]] = []  # (position of last member, members)
+    done: List[Tuple[int, List[int], bool]] = []  # (position of last member, members, solo)
 
     for position, index in enumerate(order):
         spec = specs[index]
+        if solo_bytes and spec.device == "cpu" and spec.numel * spec.element_size >= solo_bytes:
+            done.append((position, [index], True))
+            continue
         key = (spec.dtype, spec.device)
         members = open_buckets.setdefault(key, [])
         members.append(index)
         open_bytes[key] = open_bytes.get(key, 0) + spec.numel * spec.element_size
         cap = first_cap_bytes if closed_count.get(key, 0) == 0 else cap_bytes
         if open_bytes[key] >= cap:
-            done.append((position, members))
+            done.append((position, members, False))
             closed_count[key] = closed_count.get(key, 0) + 1
             del open_buckets[key], open_bytes[key]
     position = len(order)
     for members in open_buckets.values():
-        done.append((position, members))
+        done.append((position, members, False))
         position += 1
     # Launch order: a bucket is ready once its last member is, so order by that.
     done.sort(key=lambda item: item[0])
-    return [_layout(specs, members) for _, members in done]
+    return [_layout(specs, members, solo) for _, members, solo in done]
 
 
-def _layout(specs, members) -> BucketLayout:
+def _layout(specs, members, solo) -> BucketLayout:
     offsets, total = [], 0
     for index in members:
         offsets.append(total)
         total += specs[index].numel
     first = specs[members[0]]
-    return BucketLayout(tuple(members), tuple(offsets), total, first.dtype, first.device)
+    return BucketLayout(tuple(members), tuple(offsets), total, first.dtype, first.device, solo)

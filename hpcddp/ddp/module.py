@@ -153,6 +153,7 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
                                    reduction=world.reduction,
                                    first_cap_bytes=(FIRST_BUCKET_BYTES if bucket_cap_mb is None
                                                     else self.bucket_bytes_cap),
+                                   solo_bytes=get_setting("SOLO_BUCKET_KB") << 10,
                                    sparse=sparse_parameters(module, [p for _, p in named]))
         except BaseException:
             self.close()  # the checks raise on every rank, so this is collective too

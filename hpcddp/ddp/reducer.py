@@ -4,7 +4,8 @@ Life of one synchronized backward:
 
 1. A parameter's post-accumulate-grad hook puts its gradient into its bucket
    (``GradBucket.fill``, which divides by the hook's divisor), or, with
-   ``gradient_as_bucket_view``, makes ``.grad`` a view of the bucket.
+   ``gradient_as_bucket_view``, makes ``.grad`` a view of the bucket. A solo bucket
+   (a large parameter in host memory) adopts the gradient itself instead.
 2. When a bucket's last gradient is in, it is handed to the bucket hook (``hooks.py``;
    by default an allreduce through the ``Transport``), strictly in bucket order: MPI
    needs every rank to issue collectives on a communicator in the same order, and
@@ -29,7 +30,7 @@ from hpcddp.comm.ranks import ranks_text
 from hpcddp.comm.progress import ProgressPump
 from hpcddp.comm.threads import helper_threads_allowed
 from hpcddp.ddp.bucket import GradBucket
-from hpcddp.ddp.buckets import FIRST_BUCKET_BYTES, ParamSpec, assign_buckets
+from hpcddp.ddp.buckets import FIRST_BUCKET_BYTES, SOLO_BYTES, ParamSpec, assign_buckets
 from hpcddp.ddp.hooks import AllreduceMean, hook_for
 from hpcddp.ddp.sparse import allreduce_sparse
 from hpcddp.transport import Transport
@@ -57,6 +58,8 @@ class Reducer:
             (``HPCDDP_STAGING_CHUNK_KB``).
         reduction: ``"mpi"`` or ``"ring"`` (``World.reduction``).
         first_cap_bytes: the first bucket's cap (torch: 1 MiB unless a cap is given).
+        solo_bytes: host parameters at least this large are reduced in their own
+            gradients, not copied into a bucket (``HPCDDP_SOLO_BUCKET_KB``); 0 never.
         sparse: indices of parameters whose gradients are sparse (``sparse.py``); they
             are reduced apart from the buckets at the end of backward.
 
@@ -69,11 +72,12 @@ class Reducer:
     def __init__(self, named_params, comm, control, cap_bytes, find_unused_parameters=False,
                  static_graph=False, gradient_as_bucket_view=False, cuda_aware=False,
                  progress_thread=False, staging_chunk_bytes=4 << 20, reduction="mpi",
-                 first_cap_bytes=FIRST_BUCKET_BYTES, sparse=()):
+                 first_cap_bytes=FIRST_BUCKET_BYTES, solo_bytes=SOLO_BYTES, sparse=()):
         self.names = [name for name, _ in named_params]
         self.params = [param for _, param in named_params]
         self.comm, self.control = comm, control
         self.cap_bytes, self.first_cap_bytes = cap_bytes, first_cap_bytes
+        self.solo_bytes = solo_bytes
         # A static graph agrees on used parameters like find_unused_parameters does, so a
         # parameter never used keeps no gradient, as in torch.
         self.find_unused = find_unused_parameters or static_graph
@@ -112,16 +116,17 @@ class Reducer:
         layouts = [layout._replace(params=tuple(dense[k] for k in layout.params))
                    for layout in assign_buckets([self.specs[i] for i in dense],
                                                 [position[i] for i in order if i in position],
-                                                self.cap_bytes, self.first_cap_bytes)]
+                                                self.cap_bytes, self.first_cap_bytes,
+                                                self.solo_bytes)]
         self.buckets = [GradBucket(b, len(layouts), layout, self.params)
                         for b, layout in enumerate(layouts)]
         self._where = {}
         for b, bucket in enumerate(self.buckets):
-            bucket.route = self.transport.route_for(bucket.storage)
+            bucket.route = self.transport.route_for(self.params[bucket.layout.params[0]])
             for k, index in enumerate(bucket.layout.params):
                 self._where[index] = (b, k)
                 param = self.params[index]
-                if self.as_view and param.grad is not None:
+                if self.as_view and param.grad is not None and not bucket.layout.solo:
                     bucket.views[k].copy_(param.grad)
                     param.grad = bucket.views[k]
 
@@ -174,6 +179,7 @@ class Reducer:
         self._twice = []
         self._next = 0
         for bucket in self.buckets:
+            bucket.release()
             bucket.pending = set(bucket.layout.params)
             bucket.handle = None
         if self._expected is not None:
@@ -360,6 +366,7 @@ class Reducer:
                     param.grad = view if self.as_view else view.clone()
                 elif not _is_view_of(param.grad, view):
                     param.grad.copy_(view)
+            bucket.release()
 
     def _drain(self, missing, buckets) -> None:
         """Launch and complete every bucket so no request is left unmatched."""

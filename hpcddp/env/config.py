@@ -61,6 +61,11 @@ _SETTINGS = {
         "hpcddp's ring of non-blocking point-to-point (device buffers where MPI is "
         "CUDA-aware, host buffers otherwise); staged: GPU tensors through pinned host "
         "memory and MPI's allreduce.", ("auto", "mpi", "ring", "staged")),
+    "SOLO_BUCKET_KB": _Setting(
+        "int", 1024,
+        "A parameter in host memory of at least this many KiB is reduced in its own "
+        "gradient tensor instead of being copied into a bucket and back; 0: every "
+        "parameter goes into a bucket of bucket_cap_mb, as in torch."),
     "STAGING_CHUNK_KB": _Setting(
         "int", 4096,
         "Without CUDA-aware MPI, GPU buckets are staged through pinned host memory in "

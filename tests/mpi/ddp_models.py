@@ -34,6 +34,18 @@ class Tied(nn.Module):
         return self.out(torch.tanh(self.mix(self.embed(x))))
 
 
+class Transposed(nn.Module):
+    """A linear layer whose weight is stored transposed: its gradient is not contiguous."""
+
+    def __init__(self, width=32):
+        super().__init__()
+        self.weight_t = nn.Parameter(torch.randn(width, 8).t() / 4)  # an (8, width) view
+        self.head = nn.Linear(width, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(x @ self.weight_t))
+
+
 class Checkpointed(MLP):
     def forward(self, x):
         return self.head(checkpoint(self.body, x, use_reentrant=False))

@@ -1,13 +1,14 @@
 """N-rank hpcddp training against single-process training on the global batch."""
 
 import copy
+import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import hpcddp
-from ddp_models import MLP, Checkpointed, Tied, global_batch, share
+from ddp_models import MLP, Checkpointed, Tied, Transposed, global_batch, share
 from gpu import skip_or_fail_without_gpu
 
 STEPS = 4
@@ -20,17 +21,24 @@ def _loss(model, x, y, kind):
 
 
 def _train(world, make_model, kind="dense", dtype=torch.float32, accumulate=1,
-           reduce=True, compile=False, reference_scale=1.0, device="cpu", **ddp_kwargs):
+           reduce=True, compile=False, reference_scale=1.0, device="cpu", solo_kb=None,
+           **ddp_kwargs):
     """Train hpcddp and a single-process reference; return both parameter lists.
 
     With ``device="cuda"`` hpcddp trains on this rank's GPU; the reference stays on the CPU.
+    ``solo_kb`` sets ``HPCDDP_SOLO_BUCKET_KB`` for the wrapper.
     """
     torch.manual_seed(0)
     reference = make_model().to(dtype)
     model = copy.deepcopy(reference).to(world.device if device == "cuda" else "cpu")
     if compile:
         model = torch.compile(model, backend="eager")
-    ddp = hpcddp.DistributedDataParallel(model, **ddp_kwargs)
+    if solo_kb is not None:
+        os.environ["HPCDDP_SOLO_BUCKET_KB"] = str(solo_kb)
+    try:
+        ddp = hpcddp.DistributedDataParallel(model, **ddp_kwargs)
+    finally:
+        os.environ.pop("HPCDDP_SOLO_BUCKET_KB", None)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     for step in range(STEPS):
@@ -81,6 +89,17 @@ CASES = {
     "bf16": dict(make_model=MLP, dtype=torch.bfloat16),
     "compile": dict(make_model=MLP, compile=True),
     "checkpoint": dict(make_model=Checkpointed),
+    # Weights of 4 KiB reduced in their own gradients (solo buckets), biases in a bucket.
+    "solo": dict(make_model=lambda: MLP(width=32), solo_kb=1),
+    "solo_no_sync": dict(make_model=lambda: MLP(width=32), solo_kb=1, accumulate=3),
+    "solo_bucket_view": dict(make_model=lambda: MLP(width=32), solo_kb=1,
+                             gradient_as_bucket_view=True),
+    "solo_static_graph": dict(make_model=lambda: MLP(width=32), solo_kb=1, static_graph=True),
+    "solo_find_unused": dict(make_model=lambda: MLP(width=32), solo_kb=1,
+                             find_unused_parameters=True),
+    "solo_bf16": dict(make_model=lambda: MLP(width=32), solo_kb=1, dtype=torch.bfloat16),
+    # A gradient that is not contiguous cannot be reduced where it lies: it is copied.
+    "solo_not_contiguous": dict(make_model=Transposed, solo_kb=1),
 }
 
 
@@ -91,8 +110,18 @@ def test_matches_single_process_training(world, case, device):
         skip_or_fail_without_gpu("the CUDA variant of the DDP correctness tests")
     kwargs = dict(CASES[case])
     dtype = kwargs.get("dtype", torch.float32)
-    _, ours, theirs = _train(world, device=device, **kwargs)
+    ddp, ours, theirs = _train(world, device=device, **kwargs)
     _assert_match(ours, theirs, dtype)
+    solo = [b for b in ddp.reducer.buckets if b.layout.solo]
+    if "solo_kb" in kwargs and device == "cpu":
+        # The weights had buckets of their own, and (where contiguous) no bucket buffer:
+        # they were reduced in the gradients autograd produced.
+        large = [p for p in ddp.parameters() if p.numel() * p.element_size() >= 1024]
+        assert [id(b.parameters()[0]) for b in solo] == [id(p) for p in large[::-1]]
+        made = [b.owned is not None for b in solo]
+        assert made == [case == "solo_not_contiguous"] * len(solo), made
+    else:
+        assert not solo  # host parameters under 1 MiB, or device memory: buckets as torch
 
 
 @pytest.mark.parametrize("case", ["mlp", "tied", "bucket_view"])

@@ -50,9 +50,14 @@ def _same(ours, theirs):
         torch.testing.assert_close(a, b, **TOL)
 
 
+@pytest.mark.parametrize("solo_kb", ["1024", "1"], ids=["buckets", "solo-weights"])
 @pytest.mark.parametrize("divide", [True, False], ids=["initial-world", "effective-world"])
-def test_join_matches_torch(world, gloo, divide):
+def test_join_matches_torch(world, gloo, divide, solo_kb, monkeypatch):
+    # With 1 KiB, each weight is reduced in its own gradient, and a joined rank's
+    # shadow of it is a zero buffer.
+    monkeypatch.setenv("HPCDDP_SOLO_BUCKET_KB", solo_kb)
     ours, theirs = _pair(world, gloo, lambda: MLP(width=32), bucket_cap_mb=0.002)
+    assert any(b.layout.solo for b in ours.reducer.buckets) == (solo_kb == "1")
     for ddp in (ours, theirs):
         _train(ddp, world, F.mse_loss, divide_by_initial_world_size=divide)
     _same(ours, theirs)

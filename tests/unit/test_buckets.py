@@ -40,3 +40,24 @@ def test_launch_order_follows_the_last_member():
 def test_order_must_name_every_parameter_once():
     with pytest.raises(ValueError, match="every parameter exactly once"):
         assign_buckets([f32(1)] * 3, [0, 0, 1], cap_bytes=10)
+
+
+def test_large_host_parameters_get_solo_buckets_in_launch_order():
+    # A 1024-float weight and a 10-float bias per layer, backward from the last layer.
+    specs = [f32(1024), f32(10), f32(1024), f32(10), f32(1024, "cuda:0")]
+    buckets = assign_buckets(specs, [4, 3, 2, 1, 0], cap_bytes=10**6, first_cap_bytes=10**6,
+                             solo_bytes=4096)
+    assert [(b.params, b.solo) for b in buckets] == [
+        ((2,), True), ((0,), True),
+        # Open buckets close at the end: device memory is bucketed as usual (alone here
+        # by dtype and device), and the biases go together.
+        ((4,), False), ((3, 1), False)]
+    assert [b.offsets for b in buckets if b.solo] == [(0,), (0,)]
+
+
+def test_solo_bytes_zero_or_above_every_parameter_changes_nothing():
+    specs = [f32(1024), f32(10), f32(1024)]
+    plain = assign_buckets(specs, [2, 1, 0], cap_bytes=4096, first_cap_bytes=4096)
+    assert assign_buckets(specs, [2, 1, 0], 4096, 4096, solo_bytes=0) == plain
+    assert assign_buckets(specs, [2, 1, 0], 4096, 4096, solo_bytes=4097) == plain
+    assert not any(b.solo for b in plain)
