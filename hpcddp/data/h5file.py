@@ -36,6 +36,7 @@ class DatasetInfo(NamedTuple):
     offset: Optional[int]      # byte offset of contiguous, unfiltered data; else None
     chunks: Optional[tuple]
     filters: int
+    virtual: bool = False      # an HDF5 virtual dataset (rows mapped from other files)
 
     @property
     def row_bytes(self) -> int:
@@ -154,7 +155,8 @@ def _describe(path, f, key) -> DatasetInfo:
         raise DataFileError(f"{path}: dataset {key!r} is empty (shape {dset.shape}); it needs "
                             f"at least one sample along axis 0")
     offset = dset.id.get_offset() if dset.chunks is None and _filters(dset) == 0 else None
-    info = DatasetInfo(key, tuple(dset.shape), dtype.str, offset, dset.chunks, _filters(dset))
+    info = DatasetInfo(key, tuple(dset.shape), dtype.str, offset, dset.chunks, _filters(dset),
+                       dset.is_virtual)
     if offset is not None:
         end = offset + dset.size * dtype.itemsize
         size = os.path.getsize(path)

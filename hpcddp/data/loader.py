@@ -1,4 +1,4 @@
-"""``ShardedLoader``: this rank's batches of an HDF5 file, read ahead in the background.
+"""``ShardedLoader``: this rank's batches of HDF5 files, read ahead in the background.
 
 Each rank's sample sequence is ``hpcddp.DistributedSampler``'s, cut into batches of
 ``batch_size`` with the last partial batch kept, so the batches equal those of
@@ -21,10 +21,10 @@ from hpcddp.comm.agree import decide_on_root
 from hpcddp.comm.lifetime import Closable
 from hpcddp.comm.threads import helper_threads_allowed
 from hpcddp.data.dataset import H5Dataset, as_tensor
-from hpcddp.data.h5file import inspect_file
 from hpcddp.data.pool import BufferPool
 from hpcddp.data.readers import BACKENDS, choose_backend
 from hpcddp.data.sampler import chunked_order, global_order, per_rank_count, rank_indices
+from hpcddp.data.shards import ShardedReader, inspect_files, resolve_paths
 from hpcddp.pinned import pinned_array
 
 __all__ = ["ShardedLoader"]
@@ -39,10 +39,14 @@ _READ_BYTES = 4 << 20
 
 
 class ShardedLoader(Closable):
-    """Iterate this rank's batches of an HDF5 file: a global shuffle, read in parallel.
+    """Iterate this rank's batches of HDF5 files: a global shuffle, read in parallel.
 
     Args:
-        path_or_dataset: an HDF5 path, or an ``H5Dataset`` (its path and keys are used).
+        path_or_dataset: an HDF5 path, a glob of them (``"train-*.h5"``, sorted), a list
+            of paths, or an ``H5Dataset`` (its path and keys are used). Many files are
+            one dataset, their rows concatenated in order, as
+            ``torch.utils.data.ConcatDataset`` of one ``H5Dataset`` per file; an HDF5
+            virtual dataset is read as any other dataset.
         keys: dataset names; None means every top-level dataset (or the dataset's keys).
         batch_size: samples per batch; the last partial batch is kept.
         shuffle, seed, drop_last, exact: as for ``hpcddp.DistributedSampler``.
@@ -60,6 +64,8 @@ class ShardedLoader(Closable):
         swmr: read a file that a SWMR writer is still appending to: the rows it had
             flushed when the loader was built, through h5py. A file open for writing
             without SWMR is refused, since the rows not yet written would read as zeros.
+        max_open_files: files kept open at once when there are many; the least
+            recently read is closed first.
         comm: an mpi4py communicator; the hpcddp world's by default.
 
     ``close()`` (or ``with ShardedLoader(...) as loader``) closes the file and frees the
@@ -81,7 +87,8 @@ class ShardedLoader(Closable):
                  batch_size: int = 1, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, exact: bool = False, device=None, prefetch: int = 2,
                  backend: str = "auto", chunk_shuffle: bool = False, chunk_window: int = 8,
-                 locking: bool = False, swmr: bool = False, comm=None):
+                 locking: bool = False, swmr: bool = False, max_open_files: int = 64,
+                 comm=None):
         if comm is None:
             from hpcddp.runtime import get_world
             comm = get_world().comm
@@ -92,25 +99,34 @@ class ShardedLoader(Closable):
         if int(batch_size) < 1 or int(prefetch) < 0:
             raise ValueError(f"batch_size={batch_size} must be >= 1 and prefetch={prefetch} "
                              f">= 0")
-        self.path, self.comm = str(path_or_dataset), comm
+        self.paths = resolve_paths(path_or_dataset)
+        self.path = self.paths[0] if len(self.paths) == 1 else \
+            f"{self.paths[0]} and {len(self.paths) - 1} more files"
+        self.comm = comm
         self.num_replicas, self.rank = comm.size, comm.rank
         self.batch_size, self.prefetch = int(batch_size), int(prefetch)
         self.shuffle, self.seed, self.drop_last, self.exact = shuffle, seed, drop_last, exact
         self.chunk_shuffle, self.chunk_window = chunk_shuffle, chunk_window
         self.device = None if device is None else torch.device(device)
-        # Rank 0 inspects the file; every rank gets the result or raises the same error.
-        self.infos = decide_on_root(comm, inspect_file, self.path, keys, locking, swmr)
+        # Rank 0 inspects the files; every rank gets the result or raises the same error.
+        shards = decide_on_root(comm, inspect_files, self.paths, keys, locking, swmr)
+        self.infos = shards.combined()
         self.keys = [info.key for info in self.infos]
-        self.length = self.infos[0].shape[0]
-        self.backend = choose_backend(self.infos, backend, swmr)
-        # Collective MPI-IO needs every rank to read the same number of batches.
-        same_count = not exact or self.length % self.num_replicas == 0
-        self._reader = BACKENDS[self.backend](self.path, self.infos, locking=locking, swmr=swmr,
-                                              comm=comm.Dup() if self.backend == "mpio" else None,
-                                              collective=same_count)
+        self.length = shards.length
+        self.backend = choose_backend([i for f in shards.infos for i in f], backend, swmr,
+                                      files=len(self.paths))
+        if len(self.paths) > 1:
+            self._reader = ShardedReader(BACKENDS[self.backend], shards, max_open_files,
+                                         locking=locking, swmr=swmr)
+        else:
+            # Collective MPI-IO needs every rank to read the same number of batches.
+            same_count = not exact or self.length % self.num_replicas == 0
+            self._reader = BACKENDS[self.backend](
+                self.paths[0], self.infos, locking=locking, swmr=swmr,
+                comm=comm.Dup() if self.backend == "mpio" else None, collective=same_count)
         if comm.rank == 0:
-            log.info("ShardedLoader: %s keys=%s samples=%d backend=%s", self.path, self.keys,
-                     self.length, self.backend)
+            log.info("ShardedLoader: %s keys=%s samples=%d backend=%s", self.path,
+                     self.keys, self.length, self.backend)
         if self.backend == "mpio" and self.prefetch and not helper_threads_allowed(
                 "the loader's prefetch thread (it reads through MPI-IO)",
                 "batches are read in the calling thread (prefetch=0)"):

@@ -2,6 +2,8 @@
 
 Contiguous by default, so the loader reads rows by byte offset; ``--chunk-rows`` and
 ``--compression`` give a chunked, compressed layout instead (read through h5py).
+``--shards K`` writes K files of consecutive rows, ``OUT-00000.h5`` onwards, which a
+``ShardedLoader`` given ``OUT-*.h5`` reads as the one dataset.
 """
 
 import argparse
@@ -14,7 +16,7 @@ import h5py
 import numpy as np
 from tqdm import tqdm
 
-__all__ = ["main", "pack_arrays"]
+__all__ = ["main", "pack_arrays", "pack_shards", "shard_paths"]
 
 _BLOCK_BYTES = 64 << 20
 
@@ -71,6 +73,26 @@ def pack_arrays(out, arrays: Dict[str, np.ndarray], chunk_rows: Optional[int] = 
             os.remove(tmp)
 
 
+def shard_paths(out, shards: int):
+    """The file names ``pack_shards`` writes: ``train.h5`` gives ``train-00000.h5``..."""
+    root, ext = os.path.splitext(os.fspath(out))
+    return [f"{root}-{i:05d}{ext or '.h5'}" for i in range(shards)]
+
+
+def pack_shards(out, arrays: Dict[str, np.ndarray], shards: int, **kwargs):
+    """Write ``arrays`` as ``shards`` files of consecutive rows (sizes differ by at most
+    one row), each as ``pack_arrays`` writes it; return their paths."""
+    length = len(next(iter(arrays.values()))) if arrays else 0
+    if not 1 <= shards <= max(1, length):
+        raise ValueError(f"--shards {shards}: give between 1 and the number of rows "
+                         f"({length})")
+    bounds = np.linspace(0, length, shards + 1).round().astype(int)
+    paths = shard_paths(out, shards)
+    for path, start, stop in zip(paths, bounds[:-1], bounds[1:]):
+        pack_arrays(path, {k: a[start:stop] for k, a in arrays.items()}, **kwargs)
+    return paths
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="hpcddp pack", description=__doc__.splitlines()[0])
     parser.add_argument("out", help="the HDF5 file to write")
@@ -79,14 +101,26 @@ def main(argv=None) -> int:
                              "(one dataset per member, prefixed with NAME)")
     parser.add_argument("--chunk-rows", type=int, help="chunked layout with this many rows")
     parser.add_argument("--compression", choices=["gzip", "lzf"], help="compress (chunked)")
+    parser.add_argument("--shards", type=int, default=0,
+                        help="write this many files of consecutive rows: OUT-00000.h5 ...")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    options = dict(chunk_rows=args.chunk_rows, compression=args.compression,
+                   progress=not args.quiet)
     try:
         arrays = _inputs(args.inputs)
-        pack_arrays(args.out, arrays, args.chunk_rows, args.compression, not args.quiet)
+        if args.shards:
+            written = pack_shards(args.out, arrays, args.shards, **options)
+        else:
+            pack_arrays(args.out, arrays, **options)
+            written = [args.out]
     except (OSError, ValueError) as error:
         print(f"hpcddp pack: {error}", file=sys.stderr)
         return 2
     for key, array in arrays.items():
         print(f"{args.out}:{key} {array.dtype} {array.shape}")
+    if args.shards:
+        root, ext = os.path.splitext(args.out)
+        print(f"{len(written)} files: {written[0]} ... {written[-1]} "
+              f"(read them as ShardedLoader(\"{root}-*{ext or '.h5'}\", ...))")
     return 0

@@ -11,6 +11,7 @@
   batches.
 """
 
+import mmap
 import os
 from typing import List, Optional, Sequence
 
@@ -44,22 +45,26 @@ def _constant_step(indices: np.ndarray) -> int:
 
 
 class MemmapReader:
-    """Rows by byte offset through a read-only memory map of each dataset."""
+    """Rows by byte offset through one read-only memory map of the file.
+
+    The map holds the only file descriptor (one per file, which matters for many shards),
+    and every dataset is an array over it at its offset.
+    """
 
     name = "memmap"
 
     def __init__(self, path, infos: Sequence[DatasetInfo], **_):
         self.path = os.fspath(path)
-        # One open file for the maps and the size check, even if the path is replaced.
-        self._file = open(self.path, "rb")
-        self.maps = [np.memmap(self._file, dtype=np.dtype(i.dtype), mode="r",
-                               offset=i.offset, shape=i.shape) for i in infos]
+        with open(self.path, "rb") as file:
+            self._map = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        self.maps = [np.ndarray(i.shape, np.dtype(i.dtype), buffer=self._map, offset=i.offset)
+                     for i in infos]
         self._ends = [(i.offset + i.shape[0] * i.row_bytes, i.key) for i in infos]
 
     def _check_size(self) -> None:
         """Refuse to read a file that has shrunk: touching a mapped page past its end would
         kill the process with SIGBUS, naming neither the rank nor the file."""
-        size = os.fstat(self._file.fileno()).st_size
+        size = self._map.size()  # the mapped file's size now
         for end, key in self._ends:
             if end > size:
                 raise DataFileError(
@@ -83,7 +88,10 @@ class MemmapReader:
 
     def close(self):
         self.maps = []
-        self._file.close()
+        try:
+            self._map.close()
+        except BufferError:
+            pass  # a view of it is still alive somewhere; the map goes with the last one
 
 
 class H5pyReader:
@@ -168,11 +176,22 @@ BACKENDS = {cls.name: cls for cls in (MemmapReader, H5pyReader, MPIOReader)}
 
 
 def choose_backend(infos: Sequence[DatasetInfo], requested: str = "auto",
-                   swmr: bool = False) -> str:
-    """Pick the backend for ``infos``; refuse a requested one that cannot read them."""
+                   swmr: bool = False, files: int = 1) -> str:
+    """Pick the backend for ``infos`` (of every file, when ``files`` > 1); refuse a
+    requested one that cannot read them."""
     if requested not in ("auto", *BACKENDS):
         raise ValueError(f"backend={requested!r}; use 'auto', " +
                          ", ".join(repr(b) for b in BACKENDS))
+    if requested == "mpio" and files > 1:
+        # Collective opens and reads need every rank in every file, while a shuffle
+        # sends each rank to different files.
+        raise ValueError(f"backend='mpio' reads one file collectively and cannot read "
+                         f"{files} files as one; use backend='auto' (memmap or h5py, each "
+                         f"rank reading its own rows)")
+    virtual = [i.key for i in infos if i.virtual]
+    if requested == "mpio" and virtual:
+        raise ValueError(f"backend='mpio' cannot read {virtual}: parallel HDF5 does not "
+                         f"read virtual datasets; use backend='auto' or 'h5py'")
     if swmr:
         # Only HDF5 itself follows a SWMR writer's metadata; parallel HDF5 has no SWMR.
         if requested not in ("auto", "h5py"):
@@ -189,4 +208,5 @@ def choose_backend(infos: Sequence[DatasetInfo], requested: str = "auto",
         return requested
     if by_offset:
         return "memmap"
-    return "mpio" if h5py_module().get_config().mpi else "h5py"
+    parallel = files == 1 and not virtual and h5py_module().get_config().mpi
+    return "mpio" if parallel else "h5py"

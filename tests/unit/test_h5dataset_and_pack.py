@@ -52,6 +52,23 @@ def test_pack_chunked_and_compressed(arrays):
         np.testing.assert_array_equal(f["feat"][()], x)
 
 
+def test_pack_shards_split_the_rows_in_order(arrays):
+    folder, x, y = arrays
+    job = _pack(folder / "part.h5", folder / "x.npy", folder / "more.npz", "--shards", 4,
+                "--quiet")
+    assert job.returncode == 0, job.stderr
+    assert "part-*.h5" in job.stdout
+    paths = sorted(folder.glob("part-*.h5"))
+    assert [p.name for p in paths] == [f"part-{i:05d}.h5" for i in range(4)]
+    lengths = [len(H5Dataset(p, ["x"])) for p in paths]
+    assert sum(lengths) == 57 and max(lengths) - min(lengths) <= 1
+    ds = torch.utils.data.ConcatDataset([H5Dataset(p, ["x", "y"]) for p in paths])
+    xs, ys = (torch.cat(parts) for parts in zip(*DataLoader(ds, batch_size=10)))
+    np.testing.assert_array_equal(xs.numpy(), x)
+    np.testing.assert_array_equal(ys.numpy(), y)
+    assert _pack(folder / "p.h5", folder / "x.npy", "--shards", 58).returncode == 2
+
+
 def test_pack_refuses_arrays_of_different_lengths_and_leaves_nothing(arrays):
     folder, _, _ = arrays
     np.save(folder / "short.npy", np.zeros(3))
