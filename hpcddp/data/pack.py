@@ -74,9 +74,11 @@ def pack_arrays(out, arrays: Dict[str, np.ndarray], chunk_rows: Optional[int] = 
 
 
 def shard_paths(out, shards: int):
-    """The file names ``pack_shards`` writes: ``train.h5`` gives ``train-00000.h5``..."""
+    """The file names ``pack_shards`` writes: ``train.h5`` gives ``train-00000.h5``...,
+    and the glob that reads them back, ``train-*.h5``."""
     root, ext = os.path.splitext(os.fspath(out))
-    return [f"{root}-{i:05d}{ext or '.h5'}" for i in range(shards)]
+    ext = ext or ".h5"
+    return [f"{root}-{i:05d}{ext}" for i in range(shards)], f"{root}-*{ext}"
 
 
 def pack_shards(out, arrays: Dict[str, np.ndarray], shards: int, **kwargs):
@@ -87,7 +89,7 @@ def pack_shards(out, arrays: Dict[str, np.ndarray], shards: int, **kwargs):
         raise ValueError(f"--shards {shards}: give between 1 and the number of rows "
                          f"({length})")
     bounds = np.linspace(0, length, shards + 1).round().astype(int)
-    paths = shard_paths(out, shards)
+    paths, _ = shard_paths(out, shards)
     for path, start, stop in zip(paths, bounds[:-1], bounds[1:]):
         pack_arrays(path, {k: a[start:stop] for k, a in arrays.items()}, **kwargs)
     return paths
@@ -120,7 +122,6 @@ def main(argv=None) -> int:
     for key, array in arrays.items():
         print(f"{args.out}:{key} {array.dtype} {array.shape}")
     if args.shards:
-        root, ext = os.path.splitext(args.out)
         print(f"{len(written)} files: {written[0]} ... {written[-1]} "
-              f"(read them as ShardedLoader(\"{root}-*{ext or '.h5'}\", ...))")
+              f"(read them as ShardedLoader(\"{shard_paths(args.out, 0)[1]}\", ...))")
     return 0

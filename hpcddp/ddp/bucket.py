@@ -4,10 +4,11 @@ A bucket is one flat buffer of one dtype on one device, with a view per paramete
 ``solo`` bucket (one large parameter in host memory, ``buckets.py``) instead adopts the
 gradient autograd produced and is reduced in it: no copy in, no copy back, and no
 buffer of its own unless a gradient cannot be adopted (one that needs autograd, or is
-not contiguous). The reducer fills a bucket as gradients arrive; once full, the bucket hook (``hooks.py``) decides
-what is done to it and returns a handle whose result is the reduced buffer. The methods
-a hook uses are those of torch's ``GradBucket``: ``index()``, ``buffer()``,
-``set_buffer()``, ``is_last()``, ``parameters()``, ``gradients()``.
+not contiguous). The reducer fills a bucket as gradients arrive; once full, the bucket
+hook (``hooks.py``) decides what is done to it and returns a handle whose result is the
+reduced buffer. The methods a hook uses are those of torch's ``GradBucket``:
+``index()``, ``buffer()``, ``set_buffer()``, ``is_last()``, ``parameters()``,
+``gradients()``.
 """
 
 from typing import List, Optional
@@ -37,8 +38,7 @@ class GradBucket:
         self._owned_views: Optional[List[torch.Tensor]] = None
         if not layout.solo:
             self._own()
-        self._storage, self._views = self.owned, self._owned_views
-        self._buffer: Optional[torch.Tensor] = None
+        self.release()  # storage: the own buffer, made on first use for a solo bucket
         self.pending = set()
         self.route = None   # how this buffer reaches MPI, chosen once by the reducer
         self.handle = None  # the hook's handle during a synchronized backward

@@ -12,8 +12,9 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler as TorchSampler
 
+from data_reference import reference_batches
 from gpu import skip_or_fail_without_gpu
-from hpcddp.data import DataFileError, H5Dataset, ShardedLoader
+from hpcddp.data import DataFileError, ShardedLoader
 from hpcddp.data.pack import pack_arrays
 
 N = 103  # divisible by neither 2 nor 3
@@ -49,13 +50,6 @@ def files(world):
         shutil.rmtree(folder)
 
 
-def _reference_batches(world, path, batch_size, epoch, **kwargs):
-    dataset = H5Dataset(path, ["x", "y"])
-    sampler = TorchSampler(dataset, world.size, world.rank, **kwargs)
-    sampler.set_epoch(epoch)
-    return list(DataLoader(dataset, batch_size=batch_size, sampler=sampler))
-
-
 # With h5py built against parallel HDF5 (`make test-phdf5`), h5py's place is mpio's.
 H5PY = "mpio" if h5py.get_config().mpi else "h5py"
 
@@ -72,7 +66,7 @@ def test_batches_equal_torch_dataloader_with_distributed_sampler(world, files, k
     for epoch in (0, 1):
         loader.set_epoch(epoch)
         ours = list(loader)
-        theirs = _reference_batches(world, paths[kind], 8, epoch, shuffle=shuffle, seed=3,
+        theirs = reference_batches(world, paths[kind], 8, epoch, shuffle=shuffle, seed=3,
                                     drop_last=drop_last)
         assert len(ours) == len(theirs) == len(loader)
         for (x, y), (rx, ry) in zip(ours, theirs):
@@ -91,7 +85,7 @@ def test_small_batches_read_together_stay_intact(world, files, monkeypatch, kind
                         3 * 4 * row_bytes)
     loader = ShardedLoader(paths[kind], ["x", "y"], batch_size=4, seed=6, prefetch=prefetch)
     assert loader._batches_per_read == 3
-    theirs = _reference_batches(world, paths[kind], 4, 0, shuffle=True, seed=6)
+    theirs = reference_batches(world, paths[kind], 4, 0, shuffle=True, seed=6)
     kept = []
     for i, (x, y) in enumerate(loader):
         assert torch.equal(x, theirs[i][0]) and torch.equal(y, theirs[i][1])
@@ -187,7 +181,7 @@ def test_forced_backend_reads_contiguous_files_too(world, files, backend):
     paths, arrays = files
     loader = ShardedLoader(paths["flat"], ["x"], batch_size=9, seed=2, backend=backend)
     assert loader.backend == backend
-    reference = [x for x, _ in _reference_batches(world, paths["flat"], 9, 0, seed=2)]
+    reference = [x for x, _ in reference_batches(world, paths["flat"], 9, 0, seed=2)]
     ours = [x for (x,) in loader]
     assert len(ours) == len(reference) and all(map(torch.equal, ours, reference))
 
@@ -219,7 +213,7 @@ def test_gpu_batches_equal_torch_dataloader_while_the_gpu_lags(world, files, kin
         assert x.is_cuda and y.is_cuda
         ours.append((x, y))
         torch.cuda._sleep(2_000_000)  # about a millisecond of GPU time ahead of each copy
-    theirs = _reference_batches(world, paths[kind], 4, 0, shuffle=True, seed=5)
+    theirs = reference_batches(world, paths[kind], 4, 0, shuffle=True, seed=5)
     assert len(ours) == len(theirs)
     for (x, y), (rx, ry) in zip(ours, theirs):
         torch.testing.assert_close(x.cpu(), rx, rtol=0, atol=0)
@@ -272,6 +266,6 @@ def test_thousands_of_loaders_created_and_closed(world, files):
     with pytest.raises(RuntimeError, match="already closed"):
         next(iter(loader))
     with ShardedLoader(paths["gzip"], ["x", "y"], batch_size=8, seed=1) as loader:
-        theirs = _reference_batches(world, paths["gzip"], 8, 0, seed=1)
+        theirs = reference_batches(world, paths["gzip"], 8, 0, seed=1)
         assert all(torch.equal(x, rx) and torch.equal(y, ry)
                    for (x, y), (rx, ry) in zip(loader, theirs))

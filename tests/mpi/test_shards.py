@@ -9,10 +9,9 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import ConcatDataset, DataLoader
-from torch.utils.data.distributed import DistributedSampler as TorchSampler
 
-from hpcddp.data import DataFileError, H5Dataset, ShardedLoader
+from data_reference import reference_batches
+from hpcddp.data import DataFileError, ShardedLoader
 from hpcddp.data.pack import pack_arrays
 
 LENGTHS = [7, 13, 20, 1, 9]  # 50 rows: not a multiple of 3, and a one-row shard
@@ -67,13 +66,6 @@ def shards(world):
         shutil.rmtree(folder)
 
 
-def _reference(world, paths, batch_size, epoch, **kwargs):
-    dataset = ConcatDataset([H5Dataset(p, ["x", "y"]) for p in paths])
-    sampler = TorchSampler(dataset, world.size, world.rank, **kwargs)
-    sampler.set_epoch(epoch)
-    return list(DataLoader(dataset, batch_size=batch_size, sampler=sampler))
-
-
 def _assert_same(ours, theirs):
     assert len(ours) == len(theirs)
     for (x, y), (rx, ry) in zip(ours, theirs):
@@ -92,7 +84,7 @@ def test_many_files_equal_torch_concat_dataset(world, shards, kind, backend, giv
         assert loader.backend == backend and loader.length == sum(LENGTHS)
         for epoch in (0, 1):
             loader.set_epoch(epoch)
-            _assert_same(list(loader), _reference(world, paths[kind], 4, epoch, seed=5))
+            _assert_same(list(loader), reference_batches(world, paths[kind], 4, epoch, seed=5))
         assert loader._reader.opened > 2  # files were closed and opened again
 
 
@@ -109,7 +101,7 @@ def test_resume_mid_epoch_over_many_files(world, shards, shuffle):
                        seed=2) as resumed:
         resumed.load_state_dict(state)
         rest = list(resumed)
-    _assert_same(first + rest, _reference(world, paths["flat"], 3, 1, shuffle=shuffle, seed=2))
+    _assert_same(first + rest, reference_batches(world, paths["flat"], 3, 1, shuffle=shuffle, seed=2))
 
 
 def _open_descriptors():
@@ -129,7 +121,7 @@ def test_a_hundred_shards_keep_descriptors_bounded(world, shards, backend):
             most = max(most, _open_descriptors())
             ours.append(batch)
         assert loader._reader.opened > 50
-    _assert_same(ours, _reference(world, paths["many"], 8, 0, seed=1))
+    _assert_same(ours, reference_batches(world, paths["many"], 8, 0, seed=1))
     # Four files open at a time; h5py may hold a second descriptor per file.
     assert most - before <= 8, f"{most - before} descriptors opened at once"
     assert _open_descriptors() == before
@@ -139,7 +131,7 @@ def test_virtual_dataset_reads_like_its_sources(world, shards):
     _, paths = shards
     # The reference first: HDF5 keeps the sources a virtual dataset opened for a while,
     # with the virtual file's locking flags, and refuses to open them again with others.
-    theirs = _reference(world, paths["flat"], 4, 3, seed=7)
+    theirs = reference_batches(world, paths["flat"], 4, 3, seed=7)
     with ShardedLoader(paths["vds"], ["x", "y"], batch_size=4, seed=7) as loader:
         # No byte offset, and parallel HDF5 cannot read virtual datasets: h5py.
         assert loader.backend == "h5py"
