@@ -6,8 +6,14 @@ Use it as ``mpiexec -n 2 python -m pytest -p hpcddp.testing tests/mpi``. It:
 - prints the MPI library, rank and size in the header, and reports on rank 0 only;
 - ends the whole job when a test fails on any rank. pytest catches a failing assert,
   so the abort-on-exception hook never sees it, and the other ranks would wait forever
-  in the test's next collective. The failing rank prints its report, then aborts.
+  in the test's next collective. The failing rank prints its report, then aborts;
+- gives each rank ``HPCDDP_TEST_EXIT_S`` seconds (300) from the end of the session to
+  exit; a rank still there prints every thread's stack and exits with status 1, so
+  a hang while shutting down fails the job with a place to look instead of a timeout.
 """
+
+import faulthandler
+import os
 
 import pytest
 
@@ -52,6 +58,12 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.failed:
         _abort(f"{item.nodeid} ({report.when})", report.longreprtext)
+
+
+def pytest_unconfigure(config):
+    if "world" in _state:
+        seconds = float(os.environ.get("HPCDDP_TEST_EXIT_S", "300"))
+        faulthandler.dump_traceback_later(seconds, exit=True)
 
 
 def pytest_collectreport(report):

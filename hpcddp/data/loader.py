@@ -9,6 +9,7 @@ batch at a time instead of a sample at a time.
 import logging
 import math
 import queue
+import sys
 import threading
 import warnings
 from collections import deque
@@ -115,22 +116,26 @@ class ShardedLoader(Closable):
         self.length = shards.length
         self.backend = choose_backend([i for f in shards.infos for i in f], backend, swmr,
                                       files=len(self.paths))
-        if len(self.paths) > 1:
-            self._reader = ShardedReader(BACKENDS[self.backend], shards, max_open_files,
-                                         locking=locking, swmr=swmr)
-        else:
-            # Collective MPI-IO needs every rank to read the same number of batches.
-            same_count = not exact or self.length % self.num_replicas == 0
-            self._reader = BACKENDS[self.backend](
-                self.paths[0], self.infos, locking=locking, swmr=swmr,
-                comm=comm.Dup() if self.backend == "mpio" else None, collective=same_count)
-        if comm.rank == 0:
-            log.info("ShardedLoader: %s keys=%s samples=%d backend=%s", self.path,
-                     self.keys, self.length, self.backend)
         if self.backend == "mpio" and self.prefetch and not helper_threads_allowed(
                 "the loader's prefetch thread (it reads through MPI-IO)",
                 "batches are read in the calling thread (prefetch=0)"):
             self.prefetch = 0
+        if len(self.paths) > 1:
+            self._reader = ShardedReader(BACKENDS[self.backend], shards, max_open_files,
+                                         locking=locking, swmr=swmr)
+        else:
+            # Collective MPI-IO needs every rank to issue the same reads. Reads in the
+            # caller's thread keep step with it; a prefetch thread would not: an epoch
+            # left early (a break after max_steps) finds each rank's thread at another
+            # read, and a rank whose thread had begun one more would wait for it forever.
+            same_count = not exact or self.length % self.num_replicas == 0
+            self._reader = BACKENDS[self.backend](
+                self.paths[0], self.infos, locking=locking, swmr=swmr,
+                comm=comm.Dup() if self.backend == "mpio" else None,
+                collective=same_count and not self.prefetch)
+        if comm.rank == 0:
+            log.info("ShardedLoader: %s keys=%s samples=%d backend=%s", self.path,
+                     self.keys, self.length, self.backend)
         self._to_gpu = self.device is not None and self.device.type == "cuda"
         self._batches_per_read = max(1, _READ_BYTES // (
             self.batch_size * sum(i.row_bytes for i in self.infos)))
@@ -141,6 +146,7 @@ class ShardedLoader(Closable):
         self._position = 0      # samples of this rank's sequence already handed out
         self._remap_from = None  # a global position saved under another world size
         self._finished = False   # the last iteration ran to the end of the epoch
+        self._prefetcher = None  # the read-ahead of the iteration under way
         self._opened()
 
     # -- order and position -----------------------------------------------------------
@@ -242,7 +248,7 @@ class ShardedLoader(Closable):
         if self.prefetch:
             # At least ``prefetch`` batches ahead, in whole reads.
             depth = -(-self.prefetch // self._batches_per_read)
-            prefetcher = _Prefetcher(self._load, reads, depth)
+            prefetcher = self._prefetcher = _Prefetcher(self._load, reads, depth)
         try:
             for tensors in prefetcher if prefetcher else map(self._load, reads):
                 # Each batch is a view of the read: the read's buffer returns to the pool
@@ -253,11 +259,17 @@ class ShardedLoader(Closable):
         finally:
             if prefetcher:
                 prefetcher.stop()
+                if self._prefetcher is prefetcher:
+                    self._prefetcher = None
         self._finished = True
 
     _what = "ShardedLoader"
 
     def _release(self) -> None:
+        # An iteration left unfinished still has its thread reading: stop it first.
+        if self._prefetcher is not None:
+            self._prefetcher.stop()
+            self._prefetcher = None
         self._reader.close()
 
 
@@ -300,4 +312,7 @@ class _Prefetcher:
 
     def stop(self):
         self._stop.set()
-        self._thread.join()
+        # While the interpreter shuts down (an abandoned iteration collected late) a
+        # daemon thread may already be frozen, and joining it would wait forever.
+        if not sys.is_finalizing():
+            self._thread.join()

@@ -4,6 +4,7 @@ import importlib
 import os
 import shutil
 import tempfile
+import threading
 
 import h5py
 import numpy as np
@@ -101,6 +102,25 @@ def test_small_batches_read_together_stay_intact(world, files, monkeypatch, kind
         assert sum(1 for _ in loader) == len(theirs)
         assert loader._pool.allocated == allocated  # nothing kept: every buffer came back
     loader.close()
+
+
+@pytest.mark.parametrize("kind", ["flat", "gzip"])
+def test_an_epoch_left_early_and_closed_stops_every_read(world, files, monkeypatch, kind):
+    """Ranks leave the epoch at different batches and close the loader while the
+    iterator is still alive: no rank waits for a read another rank's thread never starts
+    (mpio's prefetch thread reads independently) and no thread is left reading."""
+    paths, _ = files
+    monkeypatch.setattr(importlib.import_module("hpcddp.data.loader"), "_READ_BYTES", 1)
+    loader = ShardedLoader(paths[kind], ["x", "y"], batch_size=4, seed=4, prefetch=2)
+    assert loader._batches_per_read == 1
+    theirs = reference_batches(world, paths[kind], 4, 0, shuffle=True, seed=4)
+    iterator = iter(loader)
+    for i in range(1 + 2 * world.rank):
+        x, y = next(iterator)
+        assert torch.equal(x, theirs[i][0]) and torch.equal(y, theirs[i][1])
+    loader.close()
+    assert not [t for t in threading.enumerate() if t.name == "hpcddp-prefetch"]
+    del iterator
 
 
 def test_each_backend_returns_the_written_arrays(world, files):
