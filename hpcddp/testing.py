@@ -8,12 +8,14 @@ Use it as ``mpiexec -n 2 python -m pytest -p hpcddp.testing tests/mpi``. It:
   so the abort-on-exception hook never sees it, and the other ranks would wait forever
   in the test's next collective. The failing rank prints its report, then aborts;
 - gives each rank ``HPCDDP_TEST_EXIT_S`` seconds (300) from the end of the session to
-  exit; a rank still there prints every thread's stack and exits with status 1, so
-  a hang while shutting down fails the job with a place to look instead of a timeout.
+  exit; a rank still there prints every thread's stack and exits with status 1 (or, in
+  ``MPI_Finalize``, after the interpreter, is ended by SIGALRM 30 s later), so a hang
+  while shutting down fails the job with a place to look instead of a timeout.
 """
 
 import faulthandler
 import os
+import signal
 
 import pytest
 
@@ -64,6 +66,8 @@ def pytest_unconfigure(config):
     if "world" in _state:
         seconds = float(os.environ.get("HPCDDP_TEST_EXIT_S", "300"))
         faulthandler.dump_traceback_later(seconds, exit=True)
+        # faulthandler stops while the interpreter finalizes; MPI_Finalize comes after.
+        signal.alarm(int(seconds) + 30)  # SIGALRM's default action ends the process
 
 
 def pytest_collectreport(report):
