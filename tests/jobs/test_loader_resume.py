@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from hpcddp.data.pack import pack_arrays
 
@@ -26,3 +27,39 @@ def test_resume_in_a_new_job_continues_with_the_next_batch(run_job, tmp_path, ra
         assert stop[rank]["read_ahead"] > 0, "prefetch had not run ahead: the test proves nothing"
         assert len(stop[rank]["batches"]) == 3
         assert stop[rank]["batches"] + resume[rank]["batches"] == full[rank]["batches"]
+
+
+@pytest.mark.parametrize("before, after", [(2, 3), (3, 2)])
+def test_resume_on_another_number_of_ranks_loses_and_repeats_nothing(run_job, tmp_path,
+                                                                     before, after):
+    """Stopped mid-epoch at ``before`` ranks, resumed at ``after``: the epoch's samples
+    are torch's permutation (DistributedSampler's, seed + epoch), the first part dealt as
+    DistributedSampler deals it at ``before`` ranks, the rest once each at ``after``
+    (padded, as DistributedSampler pads, to a multiple of the ranks)."""
+    length, batches_before = 103, 3
+    data = tmp_path / "data.h5"
+    pack_arrays(data, {"y": np.arange(length)}, progress=False)
+    files = {k: tmp_path / f"{k}.json" for k in ("stop", "resume", "state")}
+    job = run_job(["tests/jobs/scripts/loader_resume.py", "stop", files["stop"], files["state"],
+                   str(batches_before), data], n=before)
+    assert job.returncode == 0, job.stderr
+    job = run_job(["tests/jobs/scripts/loader_resume.py", "resume", files["resume"],
+                   files["state"], data], n=after)
+    assert job.returncode == 0, job.stderr
+    assert f"saved on {before} ranks on {after}" in job.stderr  # the loader says so
+    stop, resume = (json.loads(files[k].read_text()) for k in ("stop", "resume"))
+
+    generator = torch.Generator()
+    generator.manual_seed(4 + 1)  # the script's seed and epoch
+    order = torch.randperm(length, generator=generator).tolist()
+    consumed = before * batches_before * 6
+    for rank in range(before):  # DistributedSampler's deal: rank r takes order[r::before]
+        seen = [y for batch in stop[rank]["batches"] for y in batch]
+        assert seen == order[rank:consumed:before]
+    rest = order[consumed:]
+    padded = rest + rest[:-len(rest) % after]
+    dealt = [[y for batch in resume[rank]["batches"] for y in batch] for rank in range(after)]
+    for rank in range(after):
+        assert dealt[rank] == padded[rank::after]
+    assert sorted(y for part in dealt for y in part) == sorted(padded)
+    assert set(order[:consumed]).isdisjoint(y for part in dealt for y in part)

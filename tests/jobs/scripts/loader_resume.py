@@ -2,7 +2,8 @@
 
     full OUT              the whole of epoch 1
     stop OUT STATE K      K batches, wait for prefetch to run ahead, save the state, exit
-    resume OUT STATE      load the state in this new job, read the rest
+    resume OUT STATE      load the state in this new job, read the rest (on another
+                          number of ranks: the state rank 0 saved, as a checkpoint has it)
 """
 
 import json
@@ -23,7 +24,8 @@ loader.set_epoch(1)
 batches = []
 if mode == "resume":
     with open(sys.argv[3]) as f:
-        loader.load_state_dict(json.load(f)[world.rank])
+        states = json.load(f)
+    loader.load_state_dict(states[world.rank] if len(states) == world.size else states[0])
 iterator = iter(loader)
 for batch in iterator:
     batches.append(batch[0].tolist())
