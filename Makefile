@@ -72,8 +72,8 @@ $(PHDF5_STAMP): setup.cfg pyproject.toml constraints-dev.txt
 	touch $@
 
 test-phdf5: $(PHDF5_STAMP)
-	$(MPI_TIMEOUT) /usr/bin/mpiexec.mpich -n 2 $(PHDF5_PY) -m pytest -p hpcddp.testing tests/mpi/test_data.py tests/mpi/test_shards.py
-	$(MPI_TIMEOUT) /usr/bin/mpiexec.mpich -n 3 $(PHDF5_PY) -m pytest -p hpcddp.testing tests/mpi/test_data.py tests/mpi/test_shards.py
+	$(MPI_TIMEOUT) /usr/bin/mpiexec.mpich -n 2 $(PHDF5_PY) -m pytest -p hpcddp.testing tests/mpi/test_data.py tests/mpi/test_shards.py tests/mpi/test_vlen.py
+	$(MPI_TIMEOUT) /usr/bin/mpiexec.mpich -n 3 $(PHDF5_PY) -m pytest -p hpcddp.testing tests/mpi/test_data.py tests/mpi/test_shards.py tests/mpi/test_vlen.py
 
 # A CUDA-aware Open MPI (Debian's 4.1.4 source, UCX with CUDA from PyPI, the CUDA toolkit
 # at CUDA_HOME), built here and carried to a GPU machine: build/cuda-mpi.tar.xz.

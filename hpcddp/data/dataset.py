@@ -1,4 +1,9 @@
-"""``H5Dataset``: one sample of an HDF5 file as a tuple of tensors, safe in DataLoader workers."""
+"""``H5Dataset``: one sample of an HDF5 file as a tuple of tensors, safe in DataLoader workers.
+
+A variable-length row is a 1-D tensor of its own length, and a variable-length string a
+``str``; torch's default collate cannot stack those, so a ``DataLoader`` over them needs
+a ``collate_fn`` that keeps lists.
+"""
 
 import os
 from typing import Optional, Sequence
@@ -8,7 +13,7 @@ import torch
 
 from hpcddp.data.h5file import inspect_file, open_h5
 
-__all__ = ["H5Dataset", "as_tensor"]
+__all__ = ["H5Dataset", "as_batch", "as_tensor"]
 
 
 def as_tensor(array: np.ndarray) -> torch.Tensor:
@@ -18,6 +23,19 @@ def as_tensor(array: np.ndarray) -> torch.Tensor:
     if not array.flags.writeable:
         array = array.copy()
     return torch.from_numpy(array)
+
+
+def as_sample(value):
+    """One row as a sample: a tensor, or a ``str`` for a variable-length string."""
+    return value if isinstance(value, str) else as_tensor(np.asarray(value))
+
+
+def as_batch(array: np.ndarray):
+    """Rows as a batch: one tensor for fixed-size rows; for variable-length rows (an
+    object array) a list with one tensor (or ``str``) per row."""
+    if array.dtype != object:
+        return as_tensor(array)
+    return [as_sample(row) for row in array]
 
 
 class H5Dataset(torch.utils.data.Dataset):
@@ -47,6 +65,7 @@ class H5Dataset(torch.utils.data.Dataset):
         self.locking, self.swmr = locking, swmr
         self._length = self.infos[0].shape[0]
         self._file, self._pid = None, None
+        self._text = [info.vlen == "str" for info in self.infos]
 
     def __len__(self):
         return self._length
@@ -60,7 +79,8 @@ class H5Dataset(torch.utils.data.Dataset):
     def __getitem__(self, index):
         if not -self._length <= index < self._length:
             raise IndexError(f"index {index} out of range for {self._length} samples")
-        return tuple(as_tensor(np.asarray(d[index])) for d in self._datasets())
+        return tuple(as_sample(d.asstr()[index] if text else d[index])
+                     for d, text in zip(self._datasets(), self._text))
 
     def __getstate__(self):
         state = dict(self.__dict__)

@@ -37,15 +37,27 @@ class DatasetInfo(NamedTuple):
     chunks: Optional[tuple]
     filters: int
     virtual: bool = False      # an HDF5 virtual dataset (rows mapped from other files)
+    vlen: Optional[str] = None  # variable-length rows: "str", or the elements' dtype
+    sample_bytes: int = 0      # variable-length rows: mean bytes of the first rows
 
     @property
     def row_bytes(self) -> int:
+        if self.vlen:
+            return self.sample_bytes
         return int(np.prod(self.shape[1:], dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    @property
+    def type_name(self) -> str:
+        """The rows' type in words: ``float32``, ``variable-length uint8``."""
+        if self.vlen:
+            return "variable-length " + (self.vlen if self.vlen == "str"
+                                         else str(np.dtype(self.vlen)))
+        return str(np.dtype(self.dtype))
 
     @property
     def readable_by_offset(self) -> bool:
         """Contiguous, allocated, unfiltered, native byte order: a plain byte range."""
-        return self.offset is not None and np.dtype(self.dtype).isnative
+        return self.offset is not None and not self.vlen and np.dtype(self.dtype).isnative
 
 
 def _in_dataloader_worker() -> bool:
@@ -137,6 +149,27 @@ def _filters(dset) -> int:
     return dset.id.get_create_plist().get_nfilters()
 
 
+def _vlen_kind(path, key, dset) -> Optional[str]:
+    """``"str"`` for variable-length strings, the element dtype for variable-length
+    arrays of numbers, None for fixed-size rows; refuse other variable-length data."""
+    h5py = h5py_module()
+    base = h5py.check_vlen_dtype(dset.dtype)
+    if base is None:
+        return None
+    if base in (str, bytes):
+        kind = "str"
+    elif np.dtype(base).kind in _SUPPORTED_KINDS and np.dtype(base).fields is None:
+        kind = np.dtype(base).str
+    else:
+        raise DataFileError(f"{path}: dataset {key!r} holds variable-length rows of {base}, "
+                            f"which torch cannot hold; store variable-length arrays of "
+                            f"numbers (h5py.vlen_dtype(np.uint8)) or strings")
+    if dset.ndim != 1:
+        raise DataFileError(f"{path}: dataset {key!r} holds variable-length rows in shape "
+                            f"{dset.shape}; give such data one dimension, one row per sample")
+    return kind
+
+
 def _describe(path, f, key) -> DatasetInfo:
     if key not in f:
         available = ", ".join(sorted(k for k in f.keys())) or "none"
@@ -145,15 +178,27 @@ def _describe(path, f, key) -> DatasetInfo:
     if not isinstance(dset, h5py_module().Dataset):
         raise DataFileError(f"{path}: {key!r} is a group, not a dataset")
     dtype = dset.dtype
-    if dtype.kind not in _SUPPORTED_KINDS or dtype.fields is not None or dtype.subdtype:
+    vlen = _vlen_kind(path, key, dset)
+    if vlen is None and (dtype.kind not in _SUPPORTED_KINDS or dtype.fields is not None
+                         or dtype.subdtype):
         raise DataFileError(f"{path}: dataset {key!r} has dtype {dtype}, which torch cannot "
-                            f"hold; store numbers or booleans (e.g. with `hpcddp pack`)")
+                            f"hold; store numbers or booleans (e.g. with `hpcddp pack`), "
+                            f"variable-length arrays of them, or variable-length strings")
     if dset.ndim == 0:
         raise DataFileError(f"{path}: dataset {key!r} is a scalar (shape ()); a training "
                             f"dataset needs one row per sample along axis 0")
     if dset.shape[0] == 0:
         raise DataFileError(f"{path}: dataset {key!r} is empty (shape {dset.shape}); it needs "
                             f"at least one sample along axis 0")
+    if vlen:
+        # The rows live in HDF5's heap, not at an offset: h5py reads them, many per call.
+        # Their size, for how many batches one call reads, is that of the first rows.
+        first = dset[:min(64, dset.shape[0])]
+        size = sum(len(row.encode()) if isinstance(row, str) else np.asarray(row).nbytes
+                   for row in first)
+        return DatasetInfo(key, tuple(dset.shape), dtype.str, None, dset.chunks,
+                           _filters(dset), dset.is_virtual, vlen,
+                           max(1, -(-size // len(first))))
     offset = dset.id.get_offset() if dset.chunks is None and _filters(dset) == 0 else None
     info = DatasetInfo(key, tuple(dset.shape), dtype.str, offset, dset.chunks, _filters(dset),
                        dset.is_virtual)

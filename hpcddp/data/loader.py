@@ -21,7 +21,7 @@ import torch
 from hpcddp.comm.agree import decide_on_root
 from hpcddp.comm.lifetime import Closable
 from hpcddp.comm.threads import helper_threads_allowed
-from hpcddp.data.dataset import H5Dataset, as_tensor
+from hpcddp.data.dataset import H5Dataset, as_batch
 from hpcddp.data.pool import BufferPool
 from hpcddp.data.readers import BACKENDS, choose_backend
 from hpcddp.data.sampler import chunked_order, global_order, per_rank_count, rank_indices
@@ -218,8 +218,9 @@ class ShardedLoader(Closable):
             out = [self._pool.get((len(rows),) + i.shape[1:], i.dtype) for i in self.infos]
         arrays = self._reader.read(rows, out)
         if self._to_gpu and out is None:
-            arrays = [self._pinned_copy(a) for a in arrays]
-        return tuple(as_tensor(a) for a in arrays)
+            # Variable-length rows (object arrays) are copied to the GPU row by row.
+            arrays = [a if a.dtype == object else self._pinned_copy(a) for a in arrays]
+        return tuple(as_batch(a) for a in arrays)
 
     def _pinned_copy(self, array: np.ndarray) -> np.ndarray:
         pinned = self._pool.get(array.shape, array.dtype.newbyteorder("="))
@@ -230,7 +231,7 @@ class ShardedLoader(Closable):
         self._position += count  # before the caller has it: a state taken now skips it
         if self.device is None or self.device.type == "cpu":
             return tensors
-        moved = tuple(t.to(self.device, non_blocking=True) for t in tensors)
+        moved = tuple(self._moved(t) for t in tensors)
         if self._to_gpu:
             # The copy reads the pinned buffer after this returns; the pool may hand the
             # buffer to the reader again only once the copy's event has completed.
@@ -240,6 +241,12 @@ class ShardedLoader(Closable):
             copied.record(torch.cuda.current_stream(self.device))
             self._in_flight.append((copied, tensors))
         return moved
+
+    def _moved(self, batch):
+        if isinstance(batch, list):  # variable-length rows: a tensor (or str) per row
+            return [self._moved(row) if isinstance(row, torch.Tensor) else row
+                    for row in batch]
+        return batch.to(self.device, non_blocking=True)
 
     def __iter__(self):
         self._check_open()
@@ -253,9 +260,9 @@ class ShardedLoader(Closable):
             for tensors in prefetcher if prefetcher else map(self._load, reads):
                 # Each batch is a view of the read: the read's buffer returns to the pool
                 # once the caller has let go of every batch cut from it.
-                for start in range(0, tensors[0].shape[0], self.batch_size):
+                for start in range(0, len(tensors[0]), self.batch_size):
                     batch = tuple(t[start:start + self.batch_size] for t in tensors)
-                    yield self._deliver(batch, batch[0].shape[0])
+                    yield self._deliver(batch, len(batch[0]))
         finally:
             if prefetcher:
                 prefetcher.stop()

@@ -103,6 +103,7 @@ class H5pyReader:
         self.path = os.fspath(path)
         self.file = self._open(path, locking, swmr)
         self.dsets = [self.file[i.key] for i in infos]
+        self._text = [i.vlen == "str" for i in infos]  # read as str, not bytes
 
     def _open(self, path, locking, swmr):
         return open_h5(path, locking, swmr)
@@ -114,12 +115,19 @@ class H5pyReader:
         return dset[unique]
 
     def read(self, indices: np.ndarray, out=None) -> List[np.ndarray]:
+        """Rows ``indices`` of every key, one h5py call each; variable-length rows come
+        as an object array of arrays (or of str), still one call for the batch."""
         unique, inverse = np.unique(indices, return_inverse=True)
-        return [self._select_or_explain(d, unique)[inverse] for d in self.dsets]
+        return [self._select_or_explain(d, unique, text)[inverse]
+                for d, text in zip(self.dsets, self._text)]
 
-    def _select_or_explain(self, dset, unique):
+    def _select_or_explain(self, dset, unique, text=False):
         try:
-            return self._select(dset, unique)
+            rows = self._select(dset, unique)
+            if text:  # h5py gives variable-length strings as bytes
+                rows = np.array([r.decode() if isinstance(r, bytes) else r for r in rows],
+                                dtype=object)
+            return rows
         except OSError as error:
             # HDF5 says only "filter returned failure during read" for a damaged chunk.
             raise DataFileError(
@@ -202,8 +210,9 @@ def choose_backend(infos: Sequence[DatasetInfo], requested: str = "auto",
     if requested == "memmap" and not by_offset:
         bad = [i.key for i in infos if not i.readable_by_offset]
         raise ValueError(f"backend='memmap' needs contiguous, unfiltered, native-order data; "
-                         f"{bad} are chunked, compressed or byte-swapped. Use backend='auto' "
-                         f"or repack with `hpcddp pack` (contiguous by default)")
+                         f"{bad} are chunked, compressed, byte-swapped or variable-length. "
+                         f"Use backend='auto' or repack with `hpcddp pack` (contiguous by "
+                         f"default; variable-length rows are read through h5py)")
     if requested != "auto":
         return requested
     if by_offset:

@@ -83,10 +83,10 @@ def inspect_files(paths: Sequence[str], keys=None, locking: bool = False,
     for path in paths[1:]:
         mine = inspect_file(path, keys, locking, swmr)
         for a, b in zip(first, mine):
-            if (a.dtype, a.shape[1:]) != (b.dtype, b.shape[1:]):
+            if (a.dtype, a.vlen, a.shape[1:]) != (b.dtype, b.vlen, b.shape[1:]):
                 raise DataFileError(
-                    f"{path}: dataset {a.key!r} has dtype {np.dtype(b.dtype)} and rows of "
-                    f"shape {b.shape[1:]}, but {paths[0]} has {np.dtype(a.dtype)} and "
+                    f"{path}: dataset {a.key!r} has dtype {b.type_name} and rows of "
+                    f"shape {b.shape[1:]}, but {paths[0]} has {a.type_name} and "
                     f"{a.shape[1:]}; every file must hold the same keys with the same "
                     f"dtypes and row shapes")
         infos.append(mine)

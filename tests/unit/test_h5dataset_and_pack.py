@@ -45,7 +45,7 @@ def test_pack_contiguous_then_read_back_in_worker_processes(arrays):
 def test_pack_chunked_and_compressed(arrays):
     folder, x, _ = arrays
     out = folder / "gz.h5"
-    assert _pack(out, f"feat=" + str(folder / "x.npy"), "--chunk-rows", 8,
+    assert _pack(out, "feat=" + str(folder / "x.npy"), "--chunk-rows", 8,
                  "--compression", "gzip", "--quiet").returncode == 0
     with h5py.File(out) as f:
         assert f["feat"].chunks == (8, 3, 2) and f["feat"].compression == "gzip"
@@ -83,3 +83,28 @@ def test_dataset_checks_lengths(tmp_path):
         f["a"], f["b"] = np.zeros(4), np.zeros(5)
     with pytest.raises(DataFileError, match="different lengths"):
         H5Dataset(path, ["a", "b"])
+
+
+def test_pack_variable_length_rows_checked_against_h5py(tmp_path):
+    from hpcddp.data.pack import pack_arrays
+
+    images = [b"\x01\x02\x03", b"", bytes(range(200))]
+    vectors = [np.arange(n, dtype=np.float32) for n in (4, 1, 2)]
+    out = tmp_path / "vlen.h5"
+    pack_arrays(out, {"image": images, "name": ["a", "ü", ""], "vector": vectors},
+                progress=False)
+    with h5py.File(out) as f:  # what h5py itself reads back
+        assert h5py.check_vlen_dtype(f["image"].dtype) == np.uint8
+        assert [bytes(r) for r in f["image"][()]] == images
+        assert list(f["name"].asstr()[()]) == ["a", "ü", ""]
+        assert all(np.array_equal(a, b) for a, b in zip(f["vector"][()], vectors))
+    ds = H5Dataset(out)
+    image, name, vector = ds[2]
+    assert image.dtype == torch.uint8 and bytes(image.numpy()) == images[2]
+    assert name == "" and torch.equal(vector, torch.arange(2, dtype=torch.float32))
+    with pytest.raises(ValueError, match="mixes str"):
+        pack_arrays(tmp_path / "bad.h5", {"x": ["a", b"b"]}, progress=False)
+    with pytest.raises(ValueError, match="different dtypes"):
+        pack_arrays(tmp_path / "bad.h5", {"x": [np.zeros(2), np.zeros(2, np.int8)]},
+                    progress=False)
+    assert not (tmp_path / "bad.h5").exists()
