@@ -9,12 +9,14 @@ world last. ``finalize()`` does the same and then finalizes MPI, for a process t
 must leave MPI before it exits (the preemption path).
 """
 
+import os
 import warnings
 from datetime import timedelta
 from typing import Optional, Union
 
 from hpcddp.comm.startup import start_mpi
 from hpcddp.env import get_setting, unknown_settings
+from hpcddp.env.config import LOADER_WORKER_VARIABLE
 
 # MPI starts here, bounded by HPCDDP_TIMEOUT (a rank that never starts MPI would hold
 # the others in MPI_Init for good); the imports below would start it unbounded.
@@ -77,6 +79,11 @@ def init(comm=None, *, torch_group: Optional[bool] = None,
     .. warning:: Collective: every rank of ``comm`` must call it.
     """
     global _WORLD
+    if os.environ.get(LOADER_WORKER_VARIABLE):
+        raise RuntimeError(
+            "hpcddp.init() ran in a ShardedLoader worker process: a spawned worker imports "
+            "the training script again, and a worker must never join the MPI job. Put the "
+            "training code under `if __name__ == \"__main__\":`")
     if _WORLD is not None:
         if comm is not None and comm != _WORLD.parent:
             raise RuntimeError(

@@ -26,6 +26,7 @@ from hpcddp.data.pool import BufferPool
 from hpcddp.data.readers import BACKENDS, choose_backend
 from hpcddp.data.sampler import chunked_order, global_order, per_rank_count, rank_indices
 from hpcddp.data.shards import ShardedReader, inspect_files, resolve_paths
+from hpcddp.data.workers import Transforms, WorkerPool, transform_batch
 from hpcddp.pinned import pinned_array
 
 __all__ = ["ShardedLoader"]
@@ -67,6 +68,16 @@ class ShardedLoader(Closable):
             without SWMR is refused, since the rows not yet written would read as zeros.
         max_open_files: files kept open at once when there are many; the least
             recently read is closed first.
+        transform: applied to each sample (the tuple ``H5Dataset`` gives) before the
+            batch is collated; for decoding, random crops and flips.
+        batch_transform: applied to each collated batch.
+        collate_fn: a list of (transformed) samples to a batch; torch's
+            ``default_collate`` by default. Used only with a transform.
+        num_workers: processes that run the transforms (``hpcddp.data.workers``: spawned,
+            never forked, never touching MPI); 0 runs them in the calling thread. Random
+            augmentations are seeded per sample from ``(seed, epoch, index)``, so they do
+            not depend on the workers, and a resumed epoch repeats them exactly.
+        worker_context: ``"spawn"`` or ``"forkserver"``.
         comm: an mpi4py communicator; the hpcddp world's by default.
 
     ``close()`` (or ``with ShardedLoader(...) as loader``) closes the file and frees the
@@ -89,7 +100,8 @@ class ShardedLoader(Closable):
                  drop_last: bool = False, exact: bool = False, device=None, prefetch: int = 2,
                  backend: str = "auto", chunk_shuffle: bool = False, chunk_window: int = 8,
                  locking: bool = False, swmr: bool = False, max_open_files: int = 64,
-                 comm=None):
+                 transform=None, batch_transform=None, collate_fn=None, num_workers: int = 0,
+                 worker_context: str = "spawn", comm=None):
         if comm is None:
             from hpcddp.runtime import get_world
             comm = get_world().comm
@@ -147,6 +159,18 @@ class ShardedLoader(Closable):
         self._remap_from = None  # a global position saved under another world size
         self._finished = False   # the last iteration ran to the end of the epoch
         self._prefetcher = None  # the read-ahead of the iteration under way
+        self._transforms = None
+        if transform is not None or batch_transform is not None:
+            self._transforms = Transforms(transform, batch_transform,
+                                          collate_fn or torch.utils.data.default_collate)
+        elif int(num_workers):
+            raise ValueError(f"num_workers={num_workers} runs transforms; give transform= "
+                             f"or batch_transform= (reading needs no workers: it is batched "
+                             f"and prefetched by the loader itself)")
+        if int(num_workers) < 0:
+            raise ValueError(f"num_workers={num_workers} must be >= 0")
+        self.num_workers, self.worker_context = int(num_workers), worker_context
+        self._workers = None  # started on the first iteration, kept until close()
         self._opened()
 
     # -- order and position -----------------------------------------------------------
@@ -213,6 +237,8 @@ class ShardedLoader(Closable):
         return [indices[i:i + span] for i in range(self._position, len(indices), span)]
 
     def _load(self, rows) -> tuple:
+        if self._transforms:
+            return rows, self._reader.read(rows)  # raw rows, for the transforms
         out = None
         if self.backend == "memmap":
             out = [self._pool.get((len(rows),) + i.shape[1:], i.dtype) for i in self.infos]
@@ -231,8 +257,8 @@ class ShardedLoader(Closable):
         self._position += count  # before the caller has it: a state taken now skips it
         if self.device is None or self.device.type == "cpu":
             return tensors
-        moved = tuple(self._moved(t) for t in tensors)
-        if self._to_gpu:
+        moved = self._moved(tensors)
+        if self._to_gpu and not self._transforms:
             # The copy reads the pinned buffer after this returns; the pool may hand the
             # buffer to the reader again only once the copy's event has completed.
             while self._in_flight and self._in_flight[0][0].query():
@@ -243,10 +269,48 @@ class ShardedLoader(Closable):
         return moved
 
     def _moved(self, batch):
-        if isinstance(batch, list):  # variable-length rows: a tensor (or str) per row
-            return [self._moved(row) if isinstance(row, torch.Tensor) else row
-                    for row in batch]
+        if isinstance(batch, (list, tuple)):  # variable-length rows; transformed batches
+            return type(batch)(self._moved(item) for item in batch)
+        if isinstance(batch, dict):
+            return {key: self._moved(item) for key, item in batch.items()}
+        if not isinstance(batch, torch.Tensor):
+            return batch
+        if self._transforms and self._to_gpu and not batch.is_pinned():
+            # torch's pinned allocator reuses a block only after its copies completed.
+            batch = batch.pin_memory()
         return batch.to(self.device, non_blocking=True)
+
+    def _cut(self, loaded):
+        """Reads cut into batches (views of the read): (batch, samples)."""
+        for tensors in loaded:
+            for start in range(0, len(tensors[0]), self.batch_size):
+                batch = tuple(t[start:start + self.batch_size] for t in tensors)
+                yield batch, len(batch[0])
+
+    def _transformed(self, loaded):
+        """Raw reads cut into batches and transformed, in order: (batch, samples)."""
+        if self.num_workers and self._workers is None:
+            self._workers = WorkerPool(self._transforms, self.num_workers,
+                                       self.worker_context)
+        pool, counts = self._workers, deque()
+        try:
+            for rows, arrays in loaded:
+                for start in range(0, len(rows), self.batch_size):
+                    ids = rows[start:start + self.batch_size]
+                    columns = [a[start:start + self.batch_size] for a in arrays]
+                    if pool is None:
+                        yield transform_batch(self._transforms, columns, ids, self.seed,
+                                              self.epoch), len(ids)
+                        continue
+                    pool.submit(columns, ids, self.seed, self.epoch)
+                    counts.append(len(ids))
+                    while pool.pending >= 2 * self.num_workers:
+                        yield pool.next_result(), counts.popleft()
+            while counts:
+                yield pool.next_result(), counts.popleft()
+        finally:
+            if pool is not None:
+                pool.forget()
 
     def __iter__(self):
         self._check_open()
@@ -256,13 +320,13 @@ class ShardedLoader(Closable):
             # At least ``prefetch`` batches ahead, in whole reads.
             depth = -(-self.prefetch // self._batches_per_read)
             prefetcher = self._prefetcher = _Prefetcher(self._load, reads, depth)
+        loaded = prefetcher if prefetcher else map(self._load, reads)
         try:
-            for tensors in prefetcher if prefetcher else map(self._load, reads):
-                # Each batch is a view of the read: the read's buffer returns to the pool
-                # once the caller has let go of every batch cut from it.
-                for start in range(0, len(tensors[0]), self.batch_size):
-                    batch = tuple(t[start:start + self.batch_size] for t in tensors)
-                    yield self._deliver(batch, len(batch[0]))
+            # Untransformed, each batch is a view of the read: the read's buffer returns to
+            # the pool once the caller has let go of every batch cut from it.
+            for batch, count in (self._transformed(loaded) if self._transforms
+                                 else self._cut(loaded)):
+                yield self._deliver(batch, count)
         finally:
             if prefetcher:
                 prefetcher.stop()
@@ -277,6 +341,9 @@ class ShardedLoader(Closable):
         if self._prefetcher is not None:
             self._prefetcher.stop()
             self._prefetcher = None
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
         self._reader.close()
 
 

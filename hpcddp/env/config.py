@@ -141,7 +141,10 @@ def get_setting(name: str, environ: Optional[Mapping[str, str]] = None):
 
 
 # Read by hpcddp's test suite and scripts, not by the library.
-_ELSEWHERE = ("TEST_GPU", "SRUN_MPI")
+_ELSEWHERE = ("TEST_GPU", "TEST_EXIT_S", "SRUN_MPI", "LOADER_WORKER")
+
+# Set in the environment of ShardedLoader's worker processes (hpcddp.data.workers).
+LOADER_WORKER_VARIABLE = "HPCDDP_LOADER_WORKER"
 
 
 def unknown_settings(environ: Optional[Mapping[str, str]] = None) -> List[str]:
