@@ -61,7 +61,9 @@ class ShardedLoader(Closable):
             says which one reads.
         chunk_shuffle: for chunked or compressed files: shuffle whole chunks, then
             samples within a few chunks (not torch's order; every rank still agrees).
-        chunk_window: chunks mixed together by ``chunk_shuffle``.
+            With many files the blocks are the files: file order is shuffled, then
+            samples within ``chunk_window`` files, so each read touches few of them.
+        chunk_window: chunks (or files) mixed together by ``chunk_shuffle``.
         locking: keep HDF5 file locking on.
         swmr: read a file that a SWMR writer is still appending to: the rows it had
             flushed when the loader was built, through h5py. A file open for writing
@@ -126,6 +128,7 @@ class ShardedLoader(Closable):
         self.infos = shards.combined()
         self.keys = [info.key for info in self.infos]
         self.length = shards.length
+        self._file_starts = shards.starts if len(self.paths) > 1 else None
         self.backend = choose_backend([i for f in shards.infos for i in f], backend, swmr,
                                       files=len(self.paths))
         if self.backend == "mpio" and self.prefetch and not helper_threads_allowed(
@@ -184,7 +187,10 @@ class ShardedLoader(Closable):
     def _order(self) -> np.ndarray:
         if self.chunk_shuffle and self.shuffle:
             chunk = self.infos[0].chunks[0] if self.infos[0].chunks else 1024
-            return chunked_order(self.length, chunk, self.seed, self.epoch, self.chunk_window)
+            # Many files: a file is a block, so a window of blocks is a few files.
+            bounds = None if self._file_starts is None else self._file_starts.tolist()
+            return chunked_order(self.length, chunk, self.seed, self.epoch, self.chunk_window,
+                                 bounds)
         return global_order(self.length, self.shuffle, self.seed, self.epoch)
 
     def indices(self) -> np.ndarray:

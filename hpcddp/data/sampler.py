@@ -10,7 +10,7 @@ training ranks would take different numbers of steps.
 """
 
 import math
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -27,19 +27,25 @@ def global_order(n: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
     return torch.randperm(n, generator=generator).numpy()
 
 
-def chunked_order(n: int, chunk: int, seed: int, epoch: int, window: int = 8) -> np.ndarray:
+def chunked_order(n: int, chunk: int, seed: int, epoch: int, window: int = 8,
+                  bounds: Optional[Sequence[int]] = None) -> np.ndarray:
     """A shuffle that reads whole chunks: chunk order is shuffled, and samples are shuffled
     within groups of ``window`` consecutive chunks of that order.
 
     For chunked or compressed datasets, where a random row costs a whole chunk's read and
-    decompression. Deterministic in ``seed + epoch``, so every rank computes the same one.
+    decompression, and for many files: ``bounds`` (each block's first row, then ``n``)
+    makes the blocks uneven, one per file. Deterministic in ``seed + epoch``, so every
+    rank computes the same one.
     """
     rng = np.random.Generator(np.random.PCG64(seed + epoch))
-    starts = np.arange(0, n, chunk)
+    if bounds is None:
+        bounds = list(range(0, n, chunk)) + [n]
+    ends = dict(zip(bounds[:-1], bounds[1:]))
+    starts = np.array(bounds[:-1], dtype=np.int64)
     rng.shuffle(starts)
     pieces = []
     for group in range(0, len(starts), window):
-        members = np.concatenate([np.arange(s, min(s + chunk, n)) for s in starts[group:group + window]])
+        members = np.concatenate([np.arange(s, ends[s]) for s in starts[group:group + window]])
         rng.shuffle(members)
         pieces.append(members)
     return np.concatenate(pieces) if pieces else np.arange(0, dtype=np.int64)

@@ -159,3 +159,25 @@ def test_bad_file_lists_raise_the_same_error_on_every_rank(world, shards, case, 
         ShardedLoader(source, ["x", "y"], batch_size=4, backend=backend)
     for word in words:
         assert word in str(raised.value)
+
+
+def _file_changes(loader, starts):
+    files = np.searchsorted(starts, loader.indices(), side="right") - 1
+    return int(np.count_nonzero(np.diff(files)))
+
+
+def test_chunk_shuffle_over_many_files_keeps_reads_to_few_files(world, shards):
+    """Shuffled by whole files, then within windows of files: each rank's sequence goes
+    through the files one window at a time, and the epoch is still every sample once."""
+    _, paths = shards
+    starts = np.cumsum([0] + LENGTHS)
+    local = ShardedLoader(paths["flat"], ["y"], batch_size=4, exact=True, seed=3,
+                          chunk_shuffle=True, chunk_window=1)
+    plain = ShardedLoader(paths["flat"], ["y"], batch_size=4, exact=True, seed=3)
+    mine = torch.cat([y for (y,) in local]).tolist()
+    everyone = world.comm.allgather(mine)
+    assert sorted(i for part in everyone for i in part) == list(range(sum(LENGTHS)))
+    assert _file_changes(local, starts) <= len(LENGTHS) - 1
+    assert _file_changes(plain, starts) > 2 * len(LENGTHS)  # the test can tell them apart
+    local.close()
+    plain.close()
