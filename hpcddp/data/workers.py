@@ -60,8 +60,20 @@ def transform_batch(transforms: Transforms, columns: Sequence[np.ndarray],
     """Rows ``columns`` (one array per key) of samples ``indices``, transformed.
 
     Each sample is the tuple ``H5Dataset`` gives (tensors; ``str`` for variable-length
-    strings); with no ``transform`` the samples are collated as they are.
+    strings); with no ``transform`` the samples are collated as they are. The
+    generators' states are put back afterwards: run in the training process
+    (``num_workers=0``), the seeding must not steer its dropout or shuffles.
     """
+    saved = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    try:
+        return _transform_batch(transforms, columns, indices, seed, epoch)
+    finally:
+        random.setstate(saved[0])
+        np.random.set_state(saved[1])
+        torch.random.set_rng_state(saved[2])
+
+
+def _transform_batch(transforms, columns, indices, seed, epoch):
     samples = []
     for row, index in enumerate(indices):
         sample = tuple(as_sample(column[row]) for column in columns)

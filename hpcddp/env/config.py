@@ -140,7 +140,7 @@ def get_setting(name: str, environ: Optional[Mapping[str, str]] = None):
     return raw
 
 
-# Read by hpcddp's test suite and scripts, not by the library.
+# Read by hpcddp's test suite and scripts, or set by the library for its own processes.
 _ELSEWHERE = ("TEST_GPU", "TEST_EXIT_S", "SRUN_MPI", "LOADER_WORKER")
 
 # Set in the environment of ShardedLoader's worker processes (hpcddp.data.workers).

@@ -92,15 +92,22 @@ def encoded(world):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_random_transforms_equal_dataloader_and_do_not_depend_on_workers(world, encoded,
                                                                          workers):
+    references = [reference(world, encoded, 4, epoch, 8, batch_transform=scale_batch)
+                  for epoch in (0, 1)]
+    torch.manual_seed(11)
+    before = torch.random.get_rng_state(), random.getstate(), np.random.get_state()[1]
     with ShardedLoader(encoded, KEYS, batch_size=4, seed=8, transform=crop_and_flip,
                        batch_transform=scale_batch, num_workers=workers) as loader:
         for epoch in (0, 1):
             loader.set_epoch(epoch)
             ours = list(loader)
-            theirs = reference(world, encoded, 4, epoch, 8, batch_transform=scale_batch)
+            theirs = references[epoch]
             assert len(ours) == len(theirs) == len(loader)
             assert all(_equal(a, b) for a, b in zip(ours, theirs))
         assert ours[0][0].dtype == torch.float32  # the batch transform ran
+    # The training process's generators are as they were, transforms run here or not.
+    assert torch.equal(torch.random.get_rng_state(), before[0])
+    assert random.getstate() == before[1] and np.array_equal(np.random.get_state()[1], before[2])
 
 
 def test_workers_never_initialize_mpi_and_are_other_processes(world, encoded):
