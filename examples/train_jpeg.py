@@ -1,4 +1,4 @@
-"""Train on JPEG-encoded images: decoded with Pillow and randomly cropped in worker processes.
+"""Train on JPEG-encoded images, decoded and randomly cropped in worker processes.
 
     mpiexec -n 2 python examples/train_jpeg.py --workers 2
     srun --mpi=pmi2 python examples/train_jpeg.py        # inside an allocation
@@ -7,7 +7,8 @@ Images are usually stored encoded, as variable-length bytes. Rank 0 writes sciki
 digits, enlarged to 32x32, as JPEG bytes into HDF5 shards (``h5py.vlen_dtype(uint8)``).
 Each rank's ShardedLoader reads its share of the global shuffle in batches and hands the
 rows to ``--workers`` spawned processes, which decode each JPEG and crop a random 28x28
-window (the centre one for evaluation). The workers never touch MPI, and the crops are
+window (the centre one for evaluation). ``decode_jpeg`` decodes with simplejpeg, or with
+Pillow where simplejpeg is not installed; Pillow writes the JPEGs. The workers never touch MPI, and the crops are
 seeded per sample, so they are the same for any number of workers.
 
 The training code sits under ``if __name__ == "__main__":``: a spawned worker imports this
@@ -22,19 +23,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from PIL import Image
 from torch import nn
 
 import hpcddp
-from hpcddp.data import ShardedLoader
+from hpcddp.data import ShardedLoader, decode_jpeg, jpeg_decoder
 from hpcddp.data.pack import pack_arrays, pack_shards, shard_paths
 
 SIZE, CROP = 32, 28
 
 
 def _decode(image: torch.Tensor) -> np.ndarray:
-    with Image.open(io.BytesIO(image.numpy().tobytes())) as picture:
-        return np.asarray(picture.convert("L"), dtype=np.float32) / 255.0
+    return decode_jpeg(image, gray=True).astype(np.float32) / 255.0
 
 
 def decode_train(sample):
@@ -66,6 +65,7 @@ class JpegCNN(nn.Module):
 
 def encode_digits(folder, shards=4):
     """Rank 0: the digits as 32x32 JPEGs in train shards and a test file, once."""
+    from PIL import Image
     from sklearn.datasets import load_digits
 
     train, _ = shard_paths(os.path.join(folder, "jpeg-train.h5"), shards)
@@ -127,7 +127,8 @@ def main():
         dist.all_reduce(counts)
         if world.rank == 0:
             print(f"epoch {epoch}: test_accuracy={counts[0] / counts[1]:.4f} "
-                  f"({int(counts[1])} samples, {args.workers} decode workers per rank)",
+                  f"({int(counts[1])} samples, {args.workers} {jpeg_decoder()} decode workers "
+                  "per rank)",
                   flush=True)
     train.close()
     test.close()
