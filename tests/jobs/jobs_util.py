@@ -39,9 +39,14 @@ def launch(args, n=None, env=None, timeout=120):
     Killing only mpiexec would leave its ranks running (and spinning in MPI progress).
     """
     command = ([mpiexec(), "-n", str(n)] if n else []) + [sys.executable] + [str(a) for a in args]
+    return run_command(command, env=env, timeout=timeout)
+
+
+def run_command(command, env=None, timeout=120, cwd=ROOT):
+    """Run ``command`` in its own session; on timeout kill its whole process group."""
     start = time.monotonic()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=clean_env(env), cwd=ROOT, start_new_session=True)
+                            env=clean_env(env), cwd=cwd, start_new_session=True)
     timed_out = False
     try:
         stdout, stderr = proc.communicate(timeout=timeout)

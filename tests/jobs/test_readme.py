@@ -1,0 +1,50 @@
+"""The README's code blocks marked ``<!-- readme-test -->`` run as a user would run them.
+
+The stated substitution is the README's own: ``.venv`` is active (its ``bin`` first on
+PATH), and the Python block before a shell block is saved as ``train.py``, which the shell
+block runs. Blocks run from a folder that holds ``train.py`` and the checkout's
+``examples/``, so nothing is written into the checkout.
+"""
+
+import os
+import re
+
+import pytest
+
+from jobs_util import BIN, ROOT, run_command
+
+MARK = "<!-- readme-test"
+BLOCK = re.compile(r"^(<!-- readme-test[^\n]*-->\n)?```(\w+)\n(.*?)^```", re.M | re.S)
+
+
+def marked_blocks():
+    """``[(language, text, line)]`` of the README's marked blocks, in order."""
+    text = (ROOT / "README.md").read_text()
+    return [(m.group(2), m.group(3), text.count("\n", 0, m.start()) + 1)
+            for m in BLOCK.finditer(text) if m.group(1)]
+
+
+def test_the_marked_blocks_are_the_quick_start_tutorial_and_doctor():
+    blocks = marked_blocks()
+    assert (ROOT / "README.md").read_text().count(MARK) == len(blocks)  # none mis-marked
+    shells = "\n".join(text for language, text, _ in blocks if language == "sh")
+    assert blocks[0][0] == "python" and "hpcddp.init()" in blocks[0][1]
+    for command in ("python train.py", "python examples/ddp_tutorial.py", "hpcddp doctor"):
+        assert command in shells
+
+
+@pytest.mark.parametrize("index", [i for i, (language, _, _) in enumerate(marked_blocks())
+                                   if language == "sh"])
+def test_a_shell_block_runs_as_written(index, tmp_path):
+    blocks = marked_blocks()
+    language, script, line = blocks[index]
+    python = [text for lang, text, _ in blocks[:index] if lang == "python"]
+    if python:
+        (tmp_path / "train.py").write_text(python[-1])
+    os.symlink(ROOT / "examples", tmp_path / "examples")
+    env = {"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+           "VIRTUAL_ENV": str(BIN.parent), "OMP_NUM_THREADS": "1"}
+    job = run_command(["bash", "-euo", "pipefail", "-c", script], env=env, timeout=300,
+                      cwd=tmp_path)
+    assert job.returncode == 0, f"README line {line}:\n{script}\n{job.output[-3000:]}"
+    assert not job.timed_out
