@@ -99,9 +99,13 @@ def main():
         start = resumed.epoch + 1 if resumed.extra["epoch_complete"] else resumed.epoch
         step = resumed.step
         if world.is_main:
-            print(f"resumed from {resumed.path} (SLURM_RESTART_COUNT="
-                  f"{os.environ.get('SLURM_RESTART_COUNT', 0)}): continuing at epoch {start}, "
-                  f"step {step}", flush=True)
+            restart = os.environ.get("SLURM_RESTART_COUNT")
+            print(f"resumed from {resumed.path}"
+                  + (f" (Slurm restart {restart})" if restart else "")
+                  + (f": continuing at epoch {start}, step {step}" if start < args.epochs else
+                     f": all {args.epochs} epochs are already trained, so this run only "
+                     f"evaluates. Train further with --epochs {args.epochs + 4}, or start "
+                     f"afresh with --run-dir elsewhere (or rm -r {ckpt})"), flush=True)
     preemption = hpcddp.Preemption()
     if world.is_main:
         print(f"world_size={world.size} backend={train.backend} train_samples={train.length} "

@@ -290,7 +290,7 @@ def load(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
     if hooks is not None and _bucketed(model):
         same = state["world_size"] == comm.size
         restore_hook_state(_bucketed(model).reducer.hook_state,
-                           hooks[comm.rank if same else 0], same)
+                           hooks[comm.rank if same else 0], same, comm.rank)
     if state["world_size"] == comm.size:
         restore_rng(state["rng"][comm.rank])
     else:

@@ -8,7 +8,6 @@ ranks puts each rank's back; on another number, only what all ranks share (the i
 count, the generator) comes back and the per-rank memories start empty, with a warning.
 """
 
-import warnings
 from typing import Optional
 
 import numpy as np
@@ -16,6 +15,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 from hpcddp.checkpoint.rng import numpy_state, set_numpy_state
+from hpcddp.notices import warn_user
 
 __all__ = ["capture_hook_state", "restore_hook_state"]
 
@@ -43,8 +43,8 @@ def capture_hook_state(state) -> Optional[dict]:
     return kept
 
 
-def restore_hook_state(state, saved: Optional[dict], same_ranks: bool) -> None:
-    """Put ``saved`` (this rank's capture) back into ``state``, in place."""
+def restore_hook_state(state, saved: Optional[dict], same_ranks: bool, rank: int = 0) -> None:
+    """Put ``saved`` (this rank's capture) back into ``state``, in place (``rank`` warns)."""
     if state is None or not saved:
         return
     dropped = []
@@ -57,5 +57,5 @@ def restore_hook_state(state, saved: Optional[dict], same_ranks: bool) -> None:
             continue
         setattr(state, name, value)
     if dropped:
-        warnings.warn(f"hpcddp.checkpoint: the comm hook's per-rank state ({', '.join(dropped)}) "
-                      f"was saved on another number of ranks and starts empty", stacklevel=3)
+        warn_user(f"hpcddp.checkpoint: the comm hook's per-rank state ({', '.join(dropped)}) "
+                  f"was saved on another number of ranks and starts empty", rank=rank)

@@ -5,10 +5,11 @@ refuses the raw tuple ``np.random.get_state()`` returns.
 """
 
 import random
-import warnings
 
 import numpy as np
 import torch
+
+from hpcddp.notices import warn_user
 
 __all__ = ["capture_rng", "numpy_state", "restore_rng", "reseed_rng", "set_numpy_state"]
 
@@ -73,7 +74,7 @@ def reseed_rng(step: int, rank: int, saved_world_size: int, world_size: int) -> 
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    warnings.warn(f"hpcddp.checkpoint: saved on {saved_world_size} ranks, resumed on "
-                  f"{world_size}: per-rank random states cannot be mapped, so every rank was "
-                  f"reseeded from (step={step}, rank); the run will not repeat bit for bit",
-                  stacklevel=3)
+    warn_user(f"hpcddp.checkpoint: saved on {saved_world_size} ranks, resumed on {world_size}: "
+              f"each rank's random generators are seeded from (step={step}, rank), since "
+              f"per-rank states cannot be mapped to other ranks; training goes on correctly "
+              f"but will not repeat an uninterrupted run bit for bit", rank=rank)

@@ -11,13 +11,13 @@ import os
 import re
 import shutil
 import threading
-import warnings
 from typing import Iterator, List
 
 import torch
 
 from hpcddp.checkpoint.files import (DIGEST, DIGESTS, HashingWriter, digest_of, publish_dir,
                                      replace_file, writer_alive)
+from hpcddp.notices import warn_user
 from hpcddp.version import __version__
 
 __all__ = ["FORMAT", "Opened", "candidates", "open_candidates", "remove_old",
@@ -104,13 +104,12 @@ def _read_latest(root):
     except FileNotFoundError:
         return None
     except OSError as error:
-        warnings.warn(f"hpcddp.checkpoint: ignoring {path}: {error}", stacklevel=4)
+        warn_user(f"hpcddp.checkpoint: ignoring {path}: {error}")
         return None
     name = raw.decode("ascii", errors="replace").strip()
     if not _NAME.match(name):
-        warnings.warn(f"hpcddp.checkpoint: ignoring {path}: it holds {raw[:40]!r}, not a "
-                      f"checkpoint name; checkpoints are taken newest step first",
-                      stacklevel=4)
+        warn_user(f"hpcddp.checkpoint: ignoring {path}: it holds {raw[:40]!r}, not a "
+                  f"checkpoint name; checkpoints are taken newest step first")
         return None
     return name
 
@@ -190,8 +189,7 @@ def open_candidates(root, skipped: List[str]) -> Iterator[Opened]:
 def skip(path: str, reason: str, skipped: List[str]) -> None:
     """Warn that the checkpoint at ``path`` is passed over, and note it in ``skipped``."""
     skipped.append(f"{path}: {reason}")
-    warnings.warn(f"hpcddp.checkpoint: skipping {path}: {reason}; trying an older one",
-                  stacklevel=4)
+    warn_user(f"hpcddp.checkpoint: skipping {path}: {reason}; trying an older one")
 
 
 def remove_old(root, keep_last: int, keep: str) -> None:

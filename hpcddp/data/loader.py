@@ -11,7 +11,6 @@ import math
 import queue
 import sys
 import threading
-import warnings
 from collections import deque
 from typing import Optional, Sequence
 
@@ -27,6 +26,7 @@ from hpcddp.data.readers import BACKENDS, choose_backend
 from hpcddp.data.sampler import chunked_order, global_order, per_rank_count, rank_indices
 from hpcddp.data.shards import ShardedReader, inspect_files, resolve_paths
 from hpcddp.data.workers import Transforms, WorkerPool, transform_batch
+from hpcddp.notices import warn_user
 from hpcddp.pinned import pinned_array
 
 __all__ = ["ShardedLoader"]
@@ -207,6 +207,12 @@ class ShardedLoader(Closable):
             count = per_rank_count(self.length, self.num_replicas, self.drop_last)
         return math.ceil(count / self.batch_size)
 
+    def _dealt(self, replicas: int) -> int:
+        """How many samples of the global order an epoch on ``replicas`` ranks hands out."""
+        if self.exact:
+            return self.length
+        return min(self.length, per_rank_count(self.length, replicas, self.drop_last) * replicas)
+
     def state_dict(self) -> dict:
         """The position, in global sample space: resuming continues with the next batch."""
         return {"version": _STATE_VERSION, "epoch": self.epoch, "seed": self.seed,
@@ -224,10 +230,13 @@ class ShardedLoader(Closable):
         self._finished = False
         if state["num_replicas"] == self.num_replicas:
             self._position, self._remap_from = position // self.num_replicas, None
+        elif position >= self._dealt(state["num_replicas"]):  # that epoch was over
+            self._position, self._remap_from = 0, self.length
         else:
-            warnings.warn(f"ShardedLoader: resuming a position saved on {state['num_replicas']} "
-                          f"ranks on {self.num_replicas}: the rest of epoch {self.epoch} is "
-                          f"dealt out anew from global sample {position}", stacklevel=2)
+            warn_user(f"ShardedLoader: resuming epoch {self.epoch} on {self.num_replicas} ranks "
+                      f"where it was saved on {state['num_replicas']}: its remaining "
+                      f"{self.length - position} of {self.length} samples are dealt out anew "
+                      f"among {self.num_replicas} ranks, each still seen once", rank=self.rank)
             self._position, self._remap_from = 0, position
 
     # -- iteration ---------------------------------------------------------------------

@@ -15,7 +15,8 @@ def test_digits_demo_trains_to_95_percent_and_resumes(run_job, tmp_path):
     # The same command again finds the last checkpoint and has nothing left to train.
     again = run_job(args + ["--epochs", "12"], n=2, timeout=300)
     assert again.returncode == 0, again.stderr
-    assert "resumed from" in again.stdout and "continuing at epoch 12" in again.stdout
+    assert "resumed from" in again.stdout and "all 12 epochs are already trained" in again.stdout
+    assert "--epochs 16" in again.stdout and "Slurm" not in again.stdout
     digest = re.search(r"parameters_sha256=(\w+)", job.stdout).group(1)
     assert f"parameters_sha256={digest}" in again.stdout
     assert f"test_accuracy={final.group(1)}" in again.stdout

@@ -46,7 +46,10 @@ def test_resume_on_another_number_of_ranks_loses_and_repeats_nothing(run_job, tm
     job = run_job(["tests/jobs/scripts/loader_resume.py", "resume", files["resume"],
                    files["state"], data], n=after)
     assert job.returncode == 0, job.stderr
-    assert f"saved on {before} ranks on {after}" in job.stderr  # the loader says so
+    # The loader says so once (rank 0), at the script's line, not at hpcddp's.
+    said = [line for line in job.stderr.splitlines() if "ShardedLoader: resuming" in line]
+    assert len(said) == 1 and f"on {after} ranks where it was saved on {before}" in said[0]
+    assert "loader_resume.py:" in said[0] and "hpcddp/" not in said[0]
     stop, resume = (json.loads(files[k].read_text()) for k in ("stop", "resume"))
 
     generator = torch.Generator()
@@ -63,3 +66,19 @@ def test_resume_on_another_number_of_ranks_loses_and_repeats_nothing(run_job, tm
         assert dealt[rank] == padded[rank::after]
     assert sorted(y for part in dealt for y in part) == sorted(padded)
     assert set(order[:consumed]).isdisjoint(y for part in dealt for y in part)
+
+
+def test_a_finished_epoch_resumed_on_another_number_of_ranks_is_over_quietly(run_job, tmp_path):
+    """Saved after the last batch of epoch 1 at 2 ranks (103 samples, 9 batches of 6 per
+    rank), resumed at 3: nothing is left of that epoch, and nothing is said."""
+    data = tmp_path / "data.h5"
+    pack_arrays(data, {"y": np.arange(103)}, progress=False)
+    files = {k: tmp_path / f"{k}.json" for k in ("stop", "resume", "state")}
+    job = run_job(["tests/jobs/scripts/loader_resume.py", "stop", files["stop"], files["state"],
+                   "9", data], n=2)
+    assert job.returncode == 0, job.stderr
+    job = run_job(["tests/jobs/scripts/loader_resume.py", "resume", files["resume"],
+                   files["state"], data], n=3)
+    assert job.returncode == 0, job.stderr
+    assert "ShardedLoader" not in job.stderr
+    assert [rank["batches"] for rank in json.loads(files["resume"].read_text())] == [[]] * 3

@@ -210,8 +210,10 @@ def test_resume_on_a_different_world_size_reseeds_and_says_so(world, folder):
     sub = world.comm.Split(0 if world.rank == 0 else MPI.UNDEFINED)
     if world.rank == 0:
         alone = MLP()
-        with pytest.warns(UserWarning, match="reseeded"):
+        with pytest.warns(UserWarning, match=r"seeded from \(step=3, rank\)") as caught:
             resumed = checkpoint.load(folder, alone, comm=sub)
+        # Pointing at the caller's line, not at hpcddp's own.
+        assert [w.filename for w in caught] == [__file__]
         assert resumed.step == 3
         assert all(torch.equal(a, b) for a, b in zip(alone.parameters(), model.parameters()))
         sub.Free()

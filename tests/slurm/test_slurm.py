@@ -44,7 +44,7 @@ def test_preemption_checkpoints_requeues_once_and_resumes_identically(slurm, sub
         assert f"rank {rank}: preemption requested (signal received here: True)" in text
     assert text.count("hpcddp: preempted; requeued Slurm job") == 1
     assert re.search(r"checkpointed at epoch \d+ step \d+", text)
-    assert re.search(r"resumed from .* \(SLURM_RESTART_COUNT=1\)", text)
+    assert re.search(r"resumed from .* \(Slurm restart 1\): continuing at epoch", text)
 
     reference, ref_log = submit("--run-dir", tmp_path / "uninterrupted", *epochs,
                                 log="uninterrupted.out")
