@@ -5,7 +5,6 @@ a range of message sizes. The exit status is non-zero, on every rank, when somet
 wrong: a singleton launch, or ranks that disagree on versions.
 """
 
-import argparse
 import os
 import platform
 import sys
@@ -14,6 +13,7 @@ from typing import Dict, List
 
 import numpy as np
 
+from hpcddp.cli import command_parser
 from hpcddp.comm.ranks import by_value, ranks_text
 
 __all__ = ["main", "rank_report", "find_problems", "find_advice", "allreduce_bandwidth"]
@@ -141,7 +141,7 @@ def _print_table(reports, out):
 
 def main(argv=None) -> int:
     """Run the doctor on every rank; return the exit status."""
-    parser = argparse.ArgumentParser(prog="hpcddp doctor", description=__doc__.splitlines()[0])
+    parser = command_parser("doctor", __doc__)
     parser.add_argument("--max-bytes", type=int, default=64 << 20,
                         help="largest allreduce message (default 64 MiB)")
     parser.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth test")

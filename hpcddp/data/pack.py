@@ -6,7 +6,6 @@ Contiguous by default, so the loader reads rows by byte offset; ``--chunk-rows``
 ``ShardedLoader`` given ``OUT-*.h5`` reads as the one dataset.
 """
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -15,6 +14,8 @@ from typing import Dict, Optional
 import h5py
 import numpy as np
 from tqdm import tqdm
+
+from hpcddp.cli import command_parser
 
 __all__ = ["main", "pack_arrays", "pack_shards", "shard_paths"]
 
@@ -132,7 +133,7 @@ def pack_shards(out, arrays: Dict[str, np.ndarray], shards: int, **kwargs):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="hpcddp pack", description=__doc__.splitlines()[0])
+    parser = command_parser("pack", __doc__)
     parser.add_argument("out", help="the HDF5 file to write")
     parser.add_argument("inputs", nargs="+", metavar="[NAME=]FILE",
                         help=".npy (one dataset, named NAME or the file's stem) or .npz "
