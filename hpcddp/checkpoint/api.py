@@ -240,8 +240,8 @@ def load_model_state(model: nn.Module, saved: dict) -> None:
 
 
 def load(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=None,
-         loader=None, comm=None, device=None, allow_damaged: bool = False
-         ) -> Optional[Resumed]:
+         loader=None, comm=None, device=None, allow_damaged: bool = False,
+         check_writable: bool = True) -> Optional[Resumed]:
     """Resume from the newest valid checkpoint under ``directory``.
 
     Rank 0 verifies checkpoints newest first against their manifests (size and digest),
@@ -253,9 +253,15 @@ def load(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
     map_location="cpu")`` (Adam's ``step`` stays on the host, as in an unbroken run).
     State dicts with or without the ``module.`` prefix load either way.
 
+    Before anything is read, rank 0 checks that ``directory`` can take a checkpoint
+    (creating it if need be), so a script that loads and later saves there learns of a
+    directory it cannot write before training, not at its first save.
+
     Args:
         allow_damaged: when every checkpoint there is damaged, return None (start
             afresh) instead of raising.
+        check_writable: set False to resume from a directory that will not be saved to
+            (a read-only copy).
 
     Returns:
         ``Resumed(path, step, epoch, extra)``, or None when there is nothing to resume,
@@ -266,10 +272,20 @@ def load(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
             checkpoint and the model differ.
         DamagedCheckpointsError: on every rank, when there are checkpoints and every one
             is damaged (unless ``allow_damaged``); each is named with what is wrong.
+        OSError: on every rank, when ``directory`` cannot be written (unless
+            ``check_writable`` is False); nothing in it is touched.
 
     .. warning:: Collective.
     """
     comm = _comm(comm)
+    if check_writable:
+        outcome = None
+        if comm.rank == 0:
+            try:
+                store.check_writable(directory)
+            except OSError as error:
+                outcome = error
+        _agree(comm, outcome)
     found = _receive_verified(comm, directory, device or "cpu", allow_damaged)
     if found is None:
         return None

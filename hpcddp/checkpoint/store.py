@@ -20,8 +20,8 @@ from hpcddp.checkpoint.files import (DIGEST, DIGESTS, HashingWriter, digest_of, 
 from hpcddp.notices import warn_user
 from hpcddp.version import __version__
 
-__all__ = ["FORMAT", "Opened", "candidates", "open_candidates", "remove_old",
-           "write_checkpoint"]
+__all__ = ["FORMAT", "Opened", "candidates", "check_writable", "open_candidates",
+           "remove_old", "write_checkpoint"]
 
 FORMAT = 1
 STATE, MANIFEST, LATEST = "state.pt", "manifest.json", "latest"
@@ -30,6 +30,28 @@ _NAME = re.compile(r"^step-(\d+)$")
 
 def checkpoint_name(step: int) -> str:
     return f"step-{step:09d}"
+
+
+def check_writable(root) -> None:
+    """Create ``root`` if need be and write, fsync and remove a small file in it, as a
+    checkpoint will, so a directory that cannot take one is found before training.
+
+    Raises:
+        OSError: naming the directory, the reason and the ways out.
+    """
+    probe = os.path.join(root, f".hpcddp-write-test-{os.getpid()}")
+    try:
+        os.makedirs(root, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"hpcddp")
+            os.fsync(f.fileno())
+        os.remove(probe)
+    except OSError as error:
+        raise OSError(error.errno, f"checkpoint directory {root} cannot be written "
+                      f"({error.strerror}: {error.filename}), so training would fail at "
+                      f"its first save. Choose a writable directory or fix its "
+                      f"permissions; to resume from a read-only copy, pass "
+                      f"check_writable=False to load()", str(root)) from None
 
 
 def write_checkpoint(root, step: int, state: dict, world_size: int) -> str:

@@ -34,6 +34,26 @@ def test_nothing_to_resume(world, folder):
     assert checkpoint.load(folder + "-never-made", model) is None
 
 
+def test_a_directory_that_cannot_take_a_checkpoint_is_refused_on_every_rank(world, folder):
+    """Found at load, before training, not at the first save an epoch later."""
+    model, opt = _trained(world)
+    checkpoint.save(folder, model, opt, step=1)
+    blocker = os.path.join(os.path.dirname(folder), "a-file")  # no directory can go under it
+    if world.rank == 0:
+        with open(blocker, "w") as f:
+            f.write("not a directory")
+    world.comm.Barrier()
+    fresh = hpcddp.DistributedDataParallel(MLP())
+    with pytest.raises(OSError, match=r"checkpoint directory .*a-file/ckpt cannot be written "
+                                      r".*check_writable=False"):
+        checkpoint.load(os.path.join(blocker, "ckpt"), fresh)
+    # Without the check there is nothing there to resume, and no error.
+    assert checkpoint.load(os.path.join(blocker, "ckpt"), fresh, check_writable=False) is None
+    # The check leaves nothing behind where it succeeds, and what was saved still loads.
+    assert checkpoint.load(folder, fresh).step == 1
+    assert not [name for name in os.listdir(folder) if name.startswith(".hpcddp-write-test")]
+
+
 def test_round_trip_restores_model_optimizer_rng_and_extra(world, folder, device):
     model, opt = _trained(world, device=device)
     path = checkpoint.save(folder, model, opt, step=7, epoch=2, extra={"best": 0.5})
