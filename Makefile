@@ -15,7 +15,7 @@ PYTEST  := $(PY) -m pytest -q
 $(STAMP): setup.cfg pyproject.toml constraints-dev.txt
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints-dev.txt -e '.[mpich,test,demo]'
+	$(PY) -m pip install -q -c constraints-dev.txt -e '.[mpich,test,demo,timeline]'
 	touch $@
 
 venv: $(STAMP)

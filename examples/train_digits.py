@@ -85,7 +85,9 @@ def main():
     train_path, test_path = world.comm.bcast(paths, root=0)
 
     torch.manual_seed(0)
-    model = hpcddp.DistributedDataParallel(DigitsCNN().to(world.device))
+    # Small buckets, so that even this small model has two: the first (the linear layers)
+    # is reduced while the convolutions' gradients are computed (``hpcddp timeline``).
+    model = hpcddp.DistributedDataParallel(DigitsCNN().to(world.device), bucket_cap_mb=0.02)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     train = ShardedLoader(train_path, ["x", "y"], batch_size=args.batch_size, seed=0,
                           device=world.device)

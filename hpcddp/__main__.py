@@ -11,6 +11,8 @@ from hpcddp.version import __version__
 _COMMANDS = {
     "doctor": ("hpcddp.doctor", "check the MPI/torch set-up on every rank and measure MPI"),
     "pack": ("hpcddp.data.pack", "write .npy/.npz arrays into an HDF5 file for ShardedLoader"),
+    "timeline": ("hpcddp.timeline_plot", "draw steps of an HPCDDP_TIMELINE trace and measure "
+                 "how much reduction overlaps backward"),
 }
 
 

@@ -30,6 +30,7 @@ from hpcddp.comm.topology import MissingRanksError  # noqa: E402
 from hpcddp.comm.watchdog import Watchdog  # noqa: E402
 from hpcddp.process_group import (  # noqa: E402
     destroy_default_group, init_default_group, register_backend)
+from hpcddp.timeline import connect as connect_timeline, start_timeline  # noqa: E402
 from hpcddp.world import World  # noqa: E402
 
 __all__ = ["current_world", "finalize", "get_world", "init", "shutdown"]
@@ -49,7 +50,7 @@ def _seconds(timeout) -> float:
 
 
 def init(comm=None, *, torch_group: Optional[bool] = None,
-         timeout: Union[float, timedelta, None] = None) -> World:
+         timeout: Union[float, timedelta, None] = None, timeline: Optional[str] = None) -> World:
     """Join the job: bind devices and threads and set up torch.distributed on MPI.
 
     Idempotent: later calls return the same ``World``.
@@ -63,6 +64,9 @@ def init(comm=None, *, torch_group: Optional[bool] = None,
             ends with a report of where it is stuck (``hpcddp.comm.watchdog``); 0 waits
             for ever. Defaults to ``HPCDDP_TIMEOUT`` (600 s, as torch's). It also bounds
             the wait for every rank to reach ``init()``.
+        timeline: record a timeline of every rank into this Chrome trace file, written
+            at shutdown (``hpcddp timeline`` draws it). Defaults to ``HPCDDP_TIMELINE``
+            (off).
 
     Returns:
         The ``World`` of this rank.
@@ -108,6 +112,10 @@ def init(comm=None, *, torch_group: Optional[bool] = None,
     # what the hook it wraps prints, which an abort inside it would lose.
     if get_setting("ABORT_ON_ERROR"):
         install_abort_hook(_WORLD.comm)
+    connect_timeline()
+    trace = timeline if timeline is not None else get_setting("TIMELINE")
+    if trace:
+        start_timeline(trace, _WORLD.comm)
     return _WORLD
 
 

@@ -8,20 +8,19 @@ batch at a time instead of a sample at a time.
 
 import logging
 import math
-import queue
-import sys
-import threading
 from collections import deque
 from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
+from hpcddp.comm import timeline
 from hpcddp.comm.agree import decide_on_root
 from hpcddp.comm.lifetime import Closable
 from hpcddp.comm.threads import helper_threads_allowed
 from hpcddp.data.dataset import H5Dataset, as_batch
 from hpcddp.data.pool import BufferPool
+from hpcddp.data.prefetch import Prefetcher
 from hpcddp.data.readers import BACKENDS, choose_backend
 from hpcddp.data.sampler import chunked_order, global_order, per_rank_count, rank_indices
 from hpcddp.data.shards import ShardedReader, inspect_files, resolve_paths
@@ -334,14 +333,19 @@ class ShardedLoader(Closable):
         if self.prefetch:
             # At least ``prefetch`` batches ahead, in whole reads.
             depth = -(-self.prefetch // self._batches_per_read)
-            prefetcher = self._prefetcher = _Prefetcher(self._load, reads, depth)
+            prefetcher = self._prefetcher = Prefetcher(self._load, reads, depth)
         loaded = prefetcher if prefetcher else map(self._load, reads)
         try:
             # Untransformed, each batch is a view of the read: the read's buffer returns to
             # the pool once the caller has let go of every batch cut from it.
-            for batch, count in (self._transformed(loaded) if self._transforms
-                                 else self._cut(loaded)):
-                yield self._deliver(batch, count)
+            batches = iter(self._transformed(loaded) if self._transforms else self._cut(loaded))
+            while True:
+                with timeline.span("loader wait", timeline.LOADER):  # what training waits
+                    item = next(batches, None)
+                    if item is None:
+                        break
+                    delivered = self._deliver(*item)
+                yield delivered
         finally:
             if prefetcher:
                 prefetcher.stop()
@@ -360,48 +364,3 @@ class ShardedLoader(Closable):
             self._workers.close()
             self._workers = None
         self._reader.close()
-
-
-class _Prefetcher:
-    """Runs ``load`` over ``items`` in a thread, ``depth`` results ahead of the consumer."""
-
-    def __init__(self, load, items, depth):
-        self._queue = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(load, items), daemon=True,
-                                        name="hpcddp-prefetch")
-        self._thread.start()
-
-    def _put(self, item) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _run(self, load, items):
-        try:
-            for item in items:
-                if not self._put(("ok", load(item))):
-                    return
-            self._put(("end", None))
-        except BaseException as error:  # handed to the consumer, raised there
-            self._put(("error", error))
-
-    def __iter__(self):
-        while True:
-            kind, value = self._queue.get()
-            if kind == "end":
-                return
-            if kind == "error":
-                raise value
-            yield value
-
-    def stop(self):
-        self._stop.set()
-        # While the interpreter shuts down (an abandoned iteration collected late) a
-        # daemon thread may already be frozen, and joining it would wait forever.
-        if not sys.is_finalizing():
-            self._thread.join()

@@ -11,7 +11,7 @@ from mpi4py import MPI
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable
 
-from hpcddp.comm import activity, lifetime
+from hpcddp.comm import activity, lifetime, timeline
 from hpcddp.ddp import hooks
 from hpcddp.ddp.buckets import DEFAULT_CAP_MB, FIRST_BUCKET_BYTES
 from hpcddp.ddp.join import DDPJoinHook, agree_on_sync, common_rank
@@ -209,7 +209,8 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
                 self._control, grad and self.require_backward_grad_sync, wait=False))
         if self.device_ids:
             inputs, kwargs = self._move_inputs(inputs, kwargs)
-        output = self.module(*inputs, **kwargs)
+        with timeline.span("forward", timeline.COMPUTE):
+            output = self.module(*inputs, **kwargs)
         if grad:
             self.reducer.prepare_for_backward(self.require_backward_grad_sync)
         return output

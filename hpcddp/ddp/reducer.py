@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from hpcddp.comm import activity
+from hpcddp.comm import activity, timeline
 from hpcddp.comm.ranks import ranks_text
 from hpcddp.comm.progress import ProgressPump
 from hpcddp.comm.threads import helper_threads_allowed
@@ -101,6 +101,7 @@ class Reducer:
         self._ready_order: Optional[List[int]] = [] if self._can_rebuild else None
         self._rebuild_order: Optional[List[int]] = None
         self._armed = self._sync = self._callback_queued = False
+        self._backward_began = 0  # timeline.now() at this backward's first gradient
         self._used = np.zeros(len(self.params), dtype=np.uint8)
         self._twice: List[int] = []
         self._shadows: Optional[List[GradBucket]] = None
@@ -196,7 +197,7 @@ class Reducer:
             return  # no_sync: gradients accumulate locally, nothing is communicated
         if not self._callback_queued:
             torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
-            self._callback_queued = True
+            self._callback_queued, self._backward_began = True, timeline.now()
         if self.static_graph:
             self._fires[index] += 1
             if self._expected is None:  # the first backward: count, reduce at its end
@@ -234,7 +235,8 @@ class Reducer:
 
     def _launch_ready(self) -> None:
         while self._next < len(self.buckets) and not self.buckets[self._next].pending:
-            self.buckets[self._next].start(self.hook)
+            with timeline.span(f"launch bucket {self._next}", timeline.REDUCER):
+                self.buckets[self._next].start(self.hook)
             if self.trace is not None:
                 self.trace.append(("launch", self._next))
             self._next += 1
@@ -254,6 +256,9 @@ class Reducer:
         self.transport.advance()
 
     def _finalize(self) -> None:
+        if self._backward_began:
+            timeline.mark("backward", timeline.COMPUTE, self._backward_began)
+            self._backward_began = 0
         self._armed = False
         if self._pump is not None:
             self._pump.stop()
@@ -357,16 +362,22 @@ class Reducer:
     def _wait_and_copy(self, globally_used) -> None:
         self.transport.issue_all()
         for bucket in self.buckets:
-            bucket.finish()
-            for index, view in zip(bucket.layout.params, bucket.views):
-                param = self.params[index]
-                if globally_used is not None and not globally_used[index]:
-                    continue  # unused on every rank: .grad stays as it was (None)
-                if param.grad is None:
-                    param.grad = view if self.as_view else view.clone()
-                elif not _is_view_of(param.grad, view):
-                    param.grad.copy_(view)
+            with timeline.span(f"wait bucket {bucket.index()}", timeline.REDUCER):
+                bucket.finish()
+            with timeline.span(f"copy back bucket {bucket.index()}", timeline.REDUCER):
+                self._copy_back(bucket, globally_used)
             bucket.release()
+
+    def _copy_back(self, bucket, globally_used) -> None:
+        """Leave the reduced values in each parameter's ``.grad``."""
+        for index, view in zip(bucket.layout.params, bucket.views):
+            param = self.params[index]
+            if globally_used is not None and not globally_used[index]:
+                continue  # unused on every rank: .grad stays as it was (None)
+            if param.grad is None:
+                param.grad = view if self.as_view else view.clone()
+            elif not _is_view_of(param.grad, view):
+                param.grad.copy_(view)
 
     def _drain(self, missing, buckets) -> None:
         """Launch and complete every bucket so no request is left unmatched."""

@@ -75,6 +75,12 @@ _SETTINGS = {
         "seconds", 60.0,
         "A wait in an hpcddp collective longer than this prints, once, which ranks have "
         "not arrived and what they are doing; 0: no warning."),
+    "TIMELINE": _Setting(
+        "str", "",
+        "Record a timeline of every rank (forward, backward, each DDP bucket's launch, "
+        "reduction, wait and copy back, optimizer steps, loader waits) into this Chrome "
+        "trace file, written at shutdown; open it in Perfetto or draw it with hpcddp "
+        "timeline. Empty: off."),
     "TIMEOUT": _Setting(
         "seconds", 600.0,
         "A wait in an hpcddp collective longer than this ends the job (MPI_Abort) with a "

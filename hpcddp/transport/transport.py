@@ -18,7 +18,7 @@ from typing import Callable, Deque, List, Optional, Sequence, Tuple
 import torch
 from mpi4py import MPI
 
-from hpcddp.comm import activity
+from hpcddp.comm import activity, timeline
 from hpcddp.comm.fingerprint import CollectiveCheck
 from hpcddp.comm.handle import Handle
 from hpcddp.env import get_setting
@@ -34,13 +34,20 @@ Issue = Callable[..., "MPI.Request"]
 class _Piece:
     """A part of an operation with one MPI request: its bindings and how to issue it."""
 
-    __slots__ = ("transfer", "bindings", "issue_fn", "request", "done", "finished")
+    __slots__ = ("transfer", "bindings", "issue_fn", "request", "done", "finished", "issued_at")
 
     def __init__(self, transfer, bindings: Sequence[Binding], issue_fn: Issue):
         self.transfer, self.bindings, self.issue_fn = transfer, list(bindings), issue_fn
         self.request: Optional[MPI.Request] = None
         self.done = False      # MPI has completed the request
         self.finished = False  # its result has been brought back
+        self.issued_at = 0     # timeline.now() when issued
+
+    def completed(self) -> None:
+        """MPI has completed the request (as a Test or Wait just saw): the timeline's
+        reduction span runs from its issue to now."""
+        self.done = True
+        timeline.mark(self.transfer.name, self.transfer.lane, self.issued_at)
 
     def is_ready(self) -> bool:
         return all(binding.is_ready() for binding in self.bindings)
@@ -59,11 +66,12 @@ class Transfer(Handle):
     ``wait()`` returns (the reduced tensor, or the operation's output tensors).
     """
 
-    __slots__ = ("transport", "route", "pieces", "_streams", "_events")
+    __slots__ = ("transport", "route", "pieces", "_streams", "_events", "lane")
 
-    def __init__(self, transport: "Transport", route: Route, name: str, result=None):
+    def __init__(self, transport: "Transport", route: Route, name: str, result=None,
+                 lane: int = timeline.TORCH):
         super().__init__(name=name, result=result, lock=transport.lock)
-        self.transport, self.route = transport, route
+        self.transport, self.route, self.lane = transport, route, lane
         self.pieces: List[_Piece] = []
         self._streams = []  # streams that copies back were queued on
         self._events = []   # recorded on them once every piece has finished
@@ -99,7 +107,7 @@ class Transfer(Handle):
                 self.transport.issue_through(piece)
                 if not piece.done:
                     piece.request.Wait()
-                    piece.done = True
+                    piece.completed()
                 # Each piece goes back as soon as it is in, while later ones are reduced.
                 self._bring_back(piece)
             self._complete()
@@ -231,7 +239,8 @@ class Transport:
             key = None if slot is None else (slot, piece)
             return lambda binding: reduction.start(binding, op, key)
         return self._start(route, name, [([b], issuer(k)) for k, b in enumerate(bindings)],
-                           tensor, f"allreduce ({op}) of {_shape(tensor)}")
+                           tensor, f"allreduce ({op}) of {_shape(tensor)}",
+                           timeline.TORCH if slot is None else timeline.BUCKET_LANE + slot)
 
     def _reduction_for(self, tensor: torch.Tensor, route: Route) -> Reduction:
         """The ring for 16-bit floats in host memory, else this transport's reduction.
@@ -277,14 +286,15 @@ class Transport:
         return self._start(route, name, [(bindings, issue)], result,
                            name if call == "" else call)
 
-    def _start(self, route, name, parts, result, call: Optional[str]) -> Transfer:
+    def _start(self, route, name, parts, result, call: Optional[str],
+               lane: int = timeline.TORCH) -> Transfer:
         seq = None
         if call is not None:
             seq = self.channel.issue(name)
             if self.check is not None:
                 self.check.verify(self.channel, seq, call)
         with self.lock:
-            transfer = Transfer(self, route, name, result)
+            transfer = Transfer(self, route, name, result, lane)
             if call is not None:
                 transfer.channel, transfer.seq, transfer.call = self.channel, seq, call
             transfer.pieces = [_Piece(transfer, bindings, issue) for bindings, issue in parts]
@@ -295,6 +305,7 @@ class Transport:
     # -- progress ------------------------------------------------------------------------
 
     def _issue(self, piece: _Piece) -> None:
+        piece.issued_at = timeline.now()
         piece.request = piece.issue_fn(*piece.bindings)
         self.collectives += 1
         self._issued.append(piece)
@@ -310,7 +321,7 @@ class Transport:
                 if piece.done:
                     continue
                 if piece.request.Test():
-                    piece.done = True  # its transfer brings the result back when asked
+                    piece.completed()  # its transfer brings the result back when asked
                 else:
                     pending.append(piece)
             self._issued = pending
