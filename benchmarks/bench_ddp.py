@@ -19,6 +19,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import hpcddp
+from hpcddp.comm import timeline
+from hpcddp.timeline import start_timeline
 from hpcddp.transport.reductions import RingAllreduce
 from common import make_gloo_group, median_ms, timed, write
 
@@ -75,6 +77,27 @@ def _paused(world, step):
         finally:
             world.watchdog.paused = False
     return paused
+
+
+def _traced(recorder, step):
+    """``step`` while ``recorder`` records (HPCDDP_TIMELINE), and only then."""
+    def traced(x, y):
+        timeline._recorder = recorder
+        try:
+            step(x, y)
+        finally:
+            timeline._recorder = None
+    return traced
+
+
+def span_off_ns(repeats=200_000):
+    """What one span costs with no timeline and no torch.profiler: the price of the
+    instrumentation when it is off."""
+    start = time.perf_counter()
+    for _ in range(repeats):
+        with timeline.span("bench", timeline.REDUCER):
+            pass
+    return (time.perf_counter() - start) / repeats * 1e9
 
 
 def bookkeeping_us(repeats=200_000):
@@ -142,6 +165,10 @@ def bench_model(name, world, gloo, steps, caps, device):
     checked = hpcddp.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=25)
     del os.environ["HPCDDP_DEBUG"]
     variants["hpcddp_debug_detail"] = _stepper(checked)
+    # The same model as "hpcddp" recording a timeline (HPCDDP_TIMELINE) in its steps.
+    recorder = start_timeline(f"/tmp/hpcddp-bench-timeline-{name}.json", world.comm)
+    timeline._recorder = None  # on in that variant's steps only
+    variants["hpcddp_timeline"] = _traced(recorder, _stepper(plain))
     samples = {k: [] for k in variants}
     samples["raw_allreduce"] = []
     x, y = (t.to(device) for t in data())
@@ -153,6 +180,8 @@ def bench_model(name, world, gloo, steps, caps, device):
             samples[key].append(timed(world.comm, lambda: fn(x, y)))
         samples["raw_allreduce"].append(
             timed(world.comm, lambda: world.comm.Allreduce(MPI.IN_PLACE, flat)))
+    spans = len(recorder.events) / (steps + 3)
+    recorder.close()
     ms = {k: median_ms(v) for k, v in samples.items()}
     memory = {"hpcddp": gradient_memory(plain), "hpcddp_bucket_view": gradient_memory(viewed),
               "hpcddp_no_solo": gradient_memory(bucketed),
@@ -166,6 +195,8 @@ def bench_model(name, world, gloo, steps, caps, device):
         "hpcddp_exposed_vs_raw_allreduce": exposed["hpcddp"] / ms["raw_allreduce"],
         "watchdog_thread_cost": ms["hpcddp"] / ms["hpcddp_watchdog_paused"] - 1,
         "debug_detail_cost": ms["hpcddp_debug_detail"] / ms["hpcddp"] - 1,
+        "timeline_cost": ms["hpcddp_timeline"] / ms["hpcddp"] - 1,
+        "timeline_spans_per_step": spans,
         "collectives_per_step": plain.reducer.transport.channel.count / (2 * (steps + 3)),
     }
     if world.is_main:
@@ -177,7 +208,8 @@ def bench_model(name, world, gloo, steps, caps, device):
               f"gradient_as_bucket_view {memory['hpcddp_bucket_view'] / 2**20:.1f} MiB; "
               f"pinned staging {memory['hpcddp_pinned_staging'] / 2**20:.1f} MiB")
         print(f"  watchdog thread: {result['watchdog_thread_cost']:+.2%} of a step; "
-              f"HPCDDP_DEBUG=detail: {result['debug_detail_cost']:+.2%}")
+              f"HPCDDP_DEBUG=detail: {result['debug_detail_cost']:+.2%}; timeline "
+              f"({spans:.0f} spans a step): {result['timeline_cost']:+.2%}")
         print(f"  hpcddp / torch DDP: {result['hpcddp_vs_torch_ddp']:.2f}   "
               f"hpcddp exposed / raw allreduce: {result['hpcddp_exposed_vs_raw_allreduce']:.2f}",
               flush=True)
@@ -206,6 +238,7 @@ def main():
                         "steps": args.steps,
                         "threads_per_rank": torch.get_num_threads(),
                         "watchdog_bookkeeping_us_per_collective": bookkeeping_us(),
+                        "timeline_off_ns_per_span": span_off_ns(),
                         "results": results}, world)
     if path:
         print(f"wrote {path}")
