@@ -126,8 +126,9 @@ def main():
             total_loss += torch.tensor([loss.item() * len(y), len(y)], dtype=torch.float64)
             seen += len(y)
             if preemption.requested():  # every rank agrees at this step boundary
-                print(f"rank {world.rank}: preemption requested (signal received here: "
-                      f"{preemption.received})", flush=True)
+                if not preemption.was_interrupt:  # Ctrl-C says so once, below
+                    print(f"rank {world.rank}: preemption requested (signal received here: "
+                          f"{preemption.received})", flush=True)
                 checkpoint.save(ckpt, model, optimizer, loader=train, step=step, epoch=epoch,
                                 extra={"epoch_complete": False}, keep_last=2)
                 if world.is_main:

@@ -54,6 +54,11 @@ def install_abort_hook(comm) -> None:
     def _sys_hook(exc_type, exc, tb):
         if _installed.get("comm") is None:
             return previous_sys(exc_type, exc, tb)
+        if issubclass(exc_type, KeyboardInterrupt):  # Ctrl-C: one line, not a traceback
+            where = traceback.extract_tb(tb)[-1] if tb else None
+            abort_job(_installed["comm"], "interrupted (Ctrl-C)" + (
+                f" at {where.filename}:{where.lineno}" if where else "") + "; ending the job",
+                code=130)
         abort_job(_installed["comm"], "uncaught exception; aborting all ranks "
                   "(HPCDDP_ABORT_ON_ERROR=0 turns this off)", (exc_type, exc, tb))
 

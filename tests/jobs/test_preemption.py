@@ -56,3 +56,54 @@ def test_signal_checkpoints_and_exits_then_resume_matches(run_job, tmp_path):
                          "--epochs", "40"], n=2, timeout=300)
     assert reference.returncode == 0, reference.stderr
     assert _digest(resumed.stdout) == _digest(reference.stdout)
+
+
+def test_ctrl_c_checkpoints_once_says_so_in_one_line_and_resumes(run_job, tmp_path):
+    """SIGINT to mpiexec (what Ctrl-C in a terminal sends): mpiexec passes it to every rank,
+    which save at the same step and exit 130; no traceback, and the next run resumes."""
+    run_dir = tmp_path / "interrupted"
+    args = [mpiexec(), "-n", "2", sys.executable, "examples/train_digits.py", "--run-dir",
+            str(run_dir), "--epochs", "40"]
+    log = tmp_path / "log"
+    with open(log, "w") as out:
+        job = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                               env=clean_env({}), start_new_session=True)
+        deadline = time.monotonic() + 120
+        while "epoch 2:" not in log.read_text():
+            assert time.monotonic() < deadline and job.poll() is None, log.read_text()[-2000:]
+            time.sleep(0.05)
+        job.send_signal(signal.SIGINT)
+        job.wait(timeout=120)
+    text = log.read_text().replace("\r", "\n")
+    assert job.returncode == 130, text[-3000:]
+    assert text.count("hpcddp: interrupted (Ctrl-C); the checkpoint saved holds this step: "
+                      "run the same command to resume") == 1
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text
+    assert re.search(r"checkpointed at epoch \d+ step \d+", text)
+    resumed = run_job(["examples/train_digits.py", "--run-dir", run_dir, "--epochs", "4"],
+                      n=2, timeout=300)
+    assert resumed.returncode == 0 and "resumed from" in resumed.stdout, resumed.stderr
+
+
+def test_ctrl_c_without_preemption_handling_is_one_line_per_rank(run_job, tmp_path):
+    """A script that does not use hpcddp.Preemption: the abort hook reports
+    KeyboardInterrupt in one line per rank, not a traceback, and the job ends."""
+    script = tmp_path / "spin.py"
+    script.write_text("import time, hpcddp\nhpcddp.init()\nprint('ready', flush=True)\n"
+                      "while True:\n    time.sleep(0.01)\n")
+    log = tmp_path / "log"
+    with open(log, "w") as out:
+        job = subprocess.Popen([mpiexec(), "-n", "2", sys.executable, str(script)],
+                               stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                               env=clean_env({}), start_new_session=True)
+        deadline = time.monotonic() + 60
+        while log.read_text().count("ready") < 2:
+            assert time.monotonic() < deadline and job.poll() is None, log.read_text()
+            time.sleep(0.05)
+        job.send_signal(signal.SIGINT)
+        job.wait(timeout=60)
+    text = log.read_text()
+    assert job.returncode != 0
+    assert "Traceback" not in text, text
+    assert re.search(r"hpcddp: rank \d of 2 on \S+: interrupted \(Ctrl-C\) at .*spin.py:5; "
+                     r"ending the job", text), text

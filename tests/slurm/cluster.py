@@ -31,13 +31,14 @@ def ensure_packages():
     if os.geteuid() != 0:
         raise Unavailable("Slurm is not installed and installing it needs root: "
                           "apt-get install " + " ".join(PACKAGES))
-    done = subprocess.run(["apt-get", "install", "-y", "-qq", *PACKAGES],
-                          capture_output=True, text=True,
+    # Without recommends: the -dev plugin packages Debian recommends are of no use here.
+    done = subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends",
+                           *PACKAGES], capture_output=True, text=True,
                           env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
     if done.returncode != 0:
         subprocess.run(["apt-get", "update", "-qq"], capture_output=True)
-        done = subprocess.run(["apt-get", "install", "-y", "-qq", *PACKAGES],
-                              capture_output=True, text=True,
+        done = subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends",
+                               *PACKAGES], capture_output=True, text=True,
                               env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
     if done.returncode != 0:
         raise Unavailable(f"apt-get install {' '.join(PACKAGES)} failed: {done.stderr[-500:]}")
