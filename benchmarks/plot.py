@@ -7,10 +7,9 @@ Writes ``benchmarks/results/summary.png``.
 import json
 from pathlib import Path
 
-import matplotlib
+from hpcddp.timeline_plot import pyplot
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+plt = pyplot()  # or a SystemExit that says to install matplotlib
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
