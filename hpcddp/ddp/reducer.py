@@ -23,12 +23,11 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 import torch
-from mpi4py import MPI
 
 from hpcddp.comm import activity, timeline
-from hpcddp.comm.ranks import ranks_text
 from hpcddp.comm.progress import ProgressPump
 from hpcddp.comm.threads import helper_threads_allowed
+from hpcddp.ddp.agreement import agree_on_flags, gone_wrong, raise_what_went_wrong
 from hpcddp.ddp.bucket import GradBucket
 from hpcddp.ddp.buckets import FIRST_BUCKET_BYTES, SOLO_BYTES, ParamSpec, assign_buckets
 from hpcddp.ddp.hooks import AllreduceMean, hook_for
@@ -334,25 +333,13 @@ class Reducer:
         return self._shadows
 
     def _agree(self, flags, missing, twice, buckets) -> np.ndarray:
-        """Agree on ``flags`` (MAX) on the control communicator; where any rank got a
-        gradient twice, or (without find_unused_parameters) none, complete every bucket
-        and raise on every rank."""
-        agreed = np.empty_like(flags)
-        with activity.blocking("DDP end-of-backward agreement", self.control):
-            self.control.Allreduce(flags, agreed, op=MPI.MAX)
-        anyone_missing = not self.find_unused and agreed[0]
-        if agreed[-1] or anyone_missing:
+        """The end-of-backward agreement (``agreement.py``); where any rank got a gradient
+        twice, or (without find_unused_parameters) none, complete every bucket so no
+        request is left unmatched, then raise on every rank."""
+        agreed = agree_on_flags(self.control, flags)
+        if gone_wrong(agreed, self.find_unused):
             self._drain(missing, buckets)
-            if agreed[-1]:
-                self._raise_about("got a gradient twice in one backward", twice,
-                                  "torch raises the same ('Expected to mark a variable ready "
-                                  "only once'). A parameter used inside and outside "
-                                  "torch.utils.checkpoint(use_reentrant=True) does this: use "
-                                  "use_reentrant=False")
-            self._raise_about("got no gradient in this backward", missing,
-                              "Pass find_unused_parameters=True if some parameters are not "
-                              "used in every iteration, or make sure every parameter takes "
-                              "part in the loss.")
+            raise_what_went_wrong(self.control, self.names, agreed, missing, twice)
         return agreed
 
     def _schedule_rebuild(self) -> None:
@@ -388,22 +375,6 @@ class Reducer:
         for bucket in buckets:
             if bucket.handle is not None:
                 bucket.finish()
-
-    def _raise_about(self, what, mine, advice) -> None:
-        """Raise on every rank, naming each parameter in ``mine`` (this rank's) and the
-        ranks where it happened.
-
-        .. warning:: Collective.
-        """
-        with activity.blocking("DDP error report", self.control):
-            everyone = self.control.allgather(sorted(set(mine)))
-        names = {}
-        for rank, indices in enumerate(everyone):
-            for i in indices:
-                names.setdefault(self.names[i], []).append(rank)
-        listed = "; ".join(f"{name} (ranks {ranks_text(ranks)})" for name, ranks in names.items())
-        raise RuntimeError(f"hpcddp.DistributedDataParallel: parameters {what}: {listed}. "
-                           f"{advice}")
 
     def remove_hooks(self) -> None:
         for hook in self._hooks:
