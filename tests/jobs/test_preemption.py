@@ -29,23 +29,32 @@ def _digest(text):
     return re.search(r"parameters_sha256=(\w+)", text).group(1)
 
 
+def _started(args, log, ready, timeout=120):
+    """Start the job ``args`` with its output in ``log``; return it once ``ready(output)``.
+    A job that ends first, or is not ready in time, is killed and fails the test."""
+    with open(log, "w") as out:
+        job = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                               env=clean_env({}), start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while not ready(log.read_text()):
+        if time.monotonic() > deadline or job.poll() is not None:
+            os.killpg(job.pid, signal.SIGKILL)
+            raise AssertionError(log.read_text()[-2000:])
+        time.sleep(0.05)
+    return job
+
+
 def test_signal_checkpoints_and_exits_then_resume_matches(run_job, tmp_path):
     run_dir = tmp_path / "preempted"
     args = [mpiexec(), "-n", "2", sys.executable, "examples/train_digits.py", "--run-dir",
             str(run_dir), "--epochs", "40"]
     log = tmp_path / "log"
-    with open(log, "w") as out:
-        job = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                               env=clean_env({}), start_new_session=True)
-        deadline = time.monotonic() + 120
-        while "epoch 3:" not in log.read_text():
-            assert time.monotonic() < deadline and job.poll() is None, log.read_text()[-2000:]
-            time.sleep(0.05)
-        ranks = _ranks(str(run_dir))
-        assert len(ranks) == 2
-        for pid in ranks:
-            os.kill(pid, signal.SIGUSR1)
-        assert job.wait(timeout=120) == 0, log.read_text()[-3000:]
+    job = _started(args, log, lambda text: "epoch 3:" in text)
+    ranks = _ranks(str(run_dir))
+    assert len(ranks) == 2
+    for pid in ranks:
+        os.kill(pid, signal.SIGUSR1)
+    assert job.wait(timeout=120) == 0, log.read_text()[-3000:]
     text = log.read_text().replace("\r", "\n")
     assert "hpcddp: preempted; not under Slurm, exiting" in text
     assert "world_size=2 test_accuracy" not in text
@@ -65,15 +74,9 @@ def test_ctrl_c_checkpoints_once_says_so_in_one_line_and_resumes(run_job, tmp_pa
     args = [mpiexec(), "-n", "2", sys.executable, "examples/train_digits.py", "--run-dir",
             str(run_dir), "--epochs", "40"]
     log = tmp_path / "log"
-    with open(log, "w") as out:
-        job = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                               env=clean_env({}), start_new_session=True)
-        deadline = time.monotonic() + 120
-        while "epoch 2:" not in log.read_text():
-            assert time.monotonic() < deadline and job.poll() is None, log.read_text()[-2000:]
-            time.sleep(0.05)
-        job.send_signal(signal.SIGINT)
-        job.wait(timeout=120)
+    job = _started(args, log, lambda text: "epoch 2:" in text)
+    job.send_signal(signal.SIGINT)
+    job.wait(timeout=120)
     text = log.read_text().replace("\r", "\n")
     assert job.returncode == 130, text[-3000:]
     assert text.count("hpcddp: interrupted (Ctrl-C); the checkpoint saved holds this step: "
@@ -92,16 +95,10 @@ def test_ctrl_c_without_preemption_handling_is_one_line_per_rank(run_job, tmp_pa
     script.write_text("import time, hpcddp\nhpcddp.init()\nprint('ready', flush=True)\n"
                       "while True:\n    time.sleep(0.01)\n")
     log = tmp_path / "log"
-    with open(log, "w") as out:
-        job = subprocess.Popen([mpiexec(), "-n", "2", sys.executable, str(script)],
-                               stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                               env=clean_env({}), start_new_session=True)
-        deadline = time.monotonic() + 60
-        while log.read_text().count("ready") < 2:
-            assert time.monotonic() < deadline and job.poll() is None, log.read_text()
-            time.sleep(0.05)
-        job.send_signal(signal.SIGINT)
-        job.wait(timeout=60)
+    job = _started([mpiexec(), "-n", "2", sys.executable, str(script)], log,
+                   lambda text: text.count("ready") == 2, timeout=60)
+    job.send_signal(signal.SIGINT)
+    job.wait(timeout=60)
     text = log.read_text()
     assert job.returncode != 0
     assert "Traceback" not in text, text
