@@ -16,7 +16,7 @@ from hpcddp.cli import command_parser
 
 __all__ = ["load_spans", "main", "overlap", "pyplot"]
 
-BUCKET_LANE = 100  # as hpcddp.comm.timeline (not imported: that would start MPI)
+_REDUCTION = "reduction (MPI)"  # how the trace names a bucket's lane (its thread_name)
 _COLOURS = [("forward", "#4c72b0"), ("backward", "#dd8452"), ("launch", "#8172b3"),
             ("wait", "#c44e52"), ("copy back", "#937860"), ("loader", "#8c8c8c"),
             ("DDP bucket", "#55a868"), ("", "#64b5cd")]  # the rest: optimizer, torch ops
@@ -36,15 +36,22 @@ def pyplot():
     return plt
 
 
-def load_spans(path) -> Dict[int, Dict[int, List[Span]]]:
-    """``{rank: {lane: [(start_ms, end_ms, name), ...]}}`` from a trace file."""
+Lane = Tuple[int, str]  # the trace's thread id and the name its metadata gives it
+
+
+def load_spans(path) -> Dict[int, Dict[Lane, List[Span]]]:
+    """``{rank: {(lane, lane name): [(start_ms, end_ms, name), ...]}}`` from a trace file;
+    the lane names are those the trace itself records."""
     with open(path) as f:
         events = json.load(f)["traceEvents"]
-    ranks: Dict[int, Dict[int, List[Span]]] = {}
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    ranks: Dict[int, Dict[Lane, List[Span]]] = {}
     for e in events:
         if e.get("ph") == "X":
             start = e["ts"] / 1e3
-            ranks.setdefault(e["pid"], {}).setdefault(e["tid"], []).append(
+            lane = (e["tid"], names.get((e["pid"], e["tid"]), f"lane {e['tid']}"))
+            ranks.setdefault(e["pid"], {}).setdefault(lane, []).append(
                 (start, start + e["dur"] / 1e3, e["name"]))
     for lanes in ranks.values():
         for spans in lanes.values():
@@ -53,11 +60,11 @@ def load_spans(path) -> Dict[int, Dict[int, List[Span]]]:
 
 
 def _backwards(lanes) -> List[Span]:
-    return [s for s in lanes.get(1, []) if s[2] == "backward"]
+    return sorted(s for spans in lanes.values() for s in spans if s[2] == "backward")
 
 
 def _reductions(lanes) -> List[Span]:
-    return [s for lane, spans in lanes.items() if lane >= BUCKET_LANE for s in spans]
+    return [s for (_, name), spans in lanes.items() if name.endswith(_REDUCTION) for s in spans]
 
 
 def overlap(ranks, skip: int = 2) -> Tuple[float, float]:
@@ -88,7 +95,7 @@ def _window(ranks, first: int, steps: int) -> Tuple[float, float]:
                          "hpcddp.DistributedDataParallel, and did it train?")
     first = min(first, max(len(backwards) - steps, 0))
     last = min(first + steps, len(backwards)) - 1
-    forwards = [s for s in lanes.get(1, []) if s[2] == "forward"]
+    forwards = [s for spans in lanes.values() for s in spans if s[2] == "forward"]
     begin = max([f[0] for f in forwards if f[0] < backwards[first][0]],
                 default=backwards[first][0])
     end = min([f[0] for f in forwards if f[0] > backwards[last][1]],
@@ -111,10 +118,9 @@ def draw(ranks, out, first: int, steps: int) -> None:
             if stop >= begin and start <= end:
                 ax.broken_barh([(start - begin, max(stop - start, 0.002))], (y - 0.4, 0.8),
                                color=_colour(name))
-    labels = {1: "compute", 2: "reducer", 3: "loader", 4: "torch.distributed"}
     ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"rank {r}: " + labels.get(lane, f"bucket {lane - BUCKET_LANE}")
-                        for r, lane in rows], fontsize=8)
+    ax.set_yticklabels([f"rank {r}: {name.split(' (')[0]}" for r, (_, name) in rows],
+                       fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, end - begin)
     ax.set_xlabel("ms")
