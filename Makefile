@@ -10,7 +10,8 @@ STAMP   := $(VENV)/.hpcddp-installed
 MPI_TIMEOUT := timeout -k 10 900
 PYTEST  := $(PY) -m pytest -q
 
-.PHONY: venv tools demo test test-unit test-mpi test-slurm test-phdf5 cuda-mpi clean
+.PHONY: venv tools demo test test-unit test-mpi test-slurm test-phdf5 test-cluster cluster \
+        cluster-down cuda-mpi clean
 
 $(STAMP): setup.cfg pyproject.toml constraints-dev.txt
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
@@ -50,6 +51,22 @@ test-mpi: venv
 	$(MPI_TIMEOUT) $(MPIEXEC) -n 3 $(PY) -m pytest -p hpcddp.testing tests/mpi
 	HPCDDP_REDUCE=ring $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m pytest -p hpcddp.testing $(RING_TESTS)
 	HPCDDP_REDUCE=ring $(MPI_TIMEOUT) $(MPIEXEC) -n 3 $(PY) -m pytest -p hpcddp.testing $(RING_TESTS)
+
+# An emulated cluster (network namespaces on a bridge, one per node; root only) for trying
+# hpcddp across nodes by hand: `make cluster NODES=2 RATE=1gbit`, then
+# `$(MPIEXEC) $$($(PY) -m hpcddp cluster args --ranks-per-node 2) $(PY) script.py`.
+NODES ?= 2
+RATE  ?= 1gbit
+cluster: venv
+	$(PY) -m hpcddp cluster up --nodes $(NODES) --rate $(RATE)
+
+cluster-down: venv
+	$(PY) -m hpcddp cluster down
+
+# A slow target (CI runs it after `make test`): the MPI suites as jobs across three
+# emulated nodes, and faults across nodes. The cluster is removed even if pytest is killed.
+test-cluster: venv
+	$(PYTEST) tests/cluster; status=$$?; $(PY) -m hpcddp cluster down --name hdtest; exit $$status
 
 # The slow target: h5py built against Debian's parallel HDF5 and MPICH, in its own venv
 # (never mixed with the mpich wheel), for the loader's 'mpio' backend. About 6-7 minutes

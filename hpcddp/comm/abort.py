@@ -9,6 +9,7 @@ the others waiting in initialization. It initializes MPI only to abort, and only
 process a launcher started as one of several ranks.
 """
 
+import faulthandler
 import multiprocessing
 import os
 import socket
@@ -17,9 +18,20 @@ import threading
 import time
 import traceback
 
-__all__ = ["abort_job", "install_abort_hook", "install_early_hook", "uninstall_abort_hook"]
+from hpcddp.comm.launcher_guard import end_launcher_later
+
+__all__ = ["abort_job", "install_abort_hook", "install_early_hook", "uninstall_abort_hook",
+           "ABORT_EXIT_SECONDS"]
 
 _installed = {}
+
+# How long MPI_Abort may take before this process ends itself. MPI_Abort can block for
+# ever: a node whose link is down cannot reach the launcher, and a rank there spins in
+# MPI_Abort while its peers wait (measured on the emulated cluster: still running 40 s
+# after HPCDDP_TIMEOUT). A process that exits lets its launcher's proxy end too.
+ABORT_EXIT_SECONDS = 5.0
+# How long the launcher may take to end the job after MPI_Abort (hpcddp.comm.launcher_guard).
+LAUNCHER_GRACE_SECONDS = 10.0
 
 
 def abort_job(comm, message: str, exc_info=None, code: int = 1, detail: str = "",
@@ -36,7 +48,21 @@ def abort_job(comm, message: str, exc_info=None, code: int = 1, detail: str = ""
         sys.stderr.flush()
         time.sleep(grace)
     finally:
+        _exit_later(ABORT_EXIT_SECONDS)
+        end_launcher_later(LAUNCHER_GRACE_SECONDS)
         comm.Abort(code)
+
+
+def _exit_later(seconds: float) -> None:
+    """End this process with status 1 after ``seconds`` unless it has ended before.
+
+    faulthandler's timer runs in a C thread that needs no GIL; mpi4py holds the GIL in
+    ``Abort``, so no Python thread could do it. Its traceback dump goes to /dev/null:
+    the reason was printed above.
+    """
+    sink = open(os.devnull, "w")
+    _installed["sink"] = sink  # the timer writes to its descriptor until it fires
+    faulthandler.dump_traceback_later(seconds, exit=True, file=sink)
 
 
 def install_abort_hook(comm) -> None:

@@ -19,6 +19,7 @@ MPI call it makes is ``MPI_Abort``.
 """
 
 import atexit
+import socket
 import sys
 import threading
 import time
@@ -54,6 +55,7 @@ class Watchdog(Closable):
     def __init__(self, comm, timeout: float, stall_warn: float):
         self.comm = clone_comm(comm, "hpcddp.watchdog")
         self.rank, self.size = self.comm.rank, self.comm.size
+        self.hosts = self.comm.allgather(socket.gethostname())  # to name a silent node
         self.timeout, self.stall_warn = timeout, stall_warn
         self.threaded = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
         limits = [s for s in (timeout, stall_warn) if s > 0]
@@ -194,7 +196,8 @@ class Watchdog(Closable):
             return f"rank {rank} has left the job (its script ended, or called sys.exit)"
         reply = replies.get(rank)
         if reply is None:
-            return (f"rank {rank} did not answer within {_ANSWER_SECONDS:g} s (it died, or "
+            where = f" on {self.hosts[rank]}" if len(set(self.hosts)) > 1 else ""
+            return (f"rank {rank}{where} did not answer within {_ANSWER_SECONDS:g} s (it died, or "
                     f"holds Python's GIL in a long C call)" if self.threaded else
                     f"rank {rank}: not asked (MPI thread level below 'multiple')")
         if reply["leaving"]:
@@ -251,6 +254,7 @@ class Watchdog(Closable):
         lines = [f"it waits in {wait.describe()}: {reason}."]
         if missing:
             lines.append(f"Not arrived: {_ranks(missing)}.")
+            lines += self._silent_nodes(missing, replies)
             lines += [self._describe(r, wait, replies, stack=True) for r in missing]
         different = self._others_there(wait, replies)
         if different:
@@ -259,6 +263,18 @@ class Watchdog(Closable):
                          "(HPCDDP_DEBUG=detail names the first difference as it happens).")
         lines.append(f"This rank's main thread is at:\n{_indent(activity.main_stack())}")
         return "\n".join(lines) + self._hint(missing, replies) + "\n"
+
+    def _silent_nodes(self, missing, replies) -> List[str]:
+        """A line for each other node none of whose ranks answered: it, or its link, failed."""
+        if len(set(self.hosts)) == 1 or not self.threaded:
+            return []
+        lines = []
+        for host in sorted(set(self.hosts) - {self.hosts[self.rank]}):
+            ranks = [r for r, h in enumerate(self.hosts) if h == host]
+            if all(r in missing and r not in replies and r not in self.departed for r in ranks):
+                lines.append(f"No rank on node {host} ({_ranks(ranks)}) answered: that node, "
+                             f"or its network link, has failed.")
+        return lines
 
     def _warn(self, wait) -> None:
         replies = self._ask_everyone()

@@ -1,9 +1,15 @@
-"""torch's gloo process group over loopback TCP, made beside hpcddp's (the reference)."""
+"""torch's gloo process group over TCP, made beside hpcddp's (the reference)."""
 
+import socket
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+
+def _store_host(world):
+    """Loopback on one node; across nodes, rank 0's address as its hostname resolves."""
+    return "127.0.0.1" if world.num_nodes == 1 else socket.gethostbyname(world.hostname)
 
 
 def make_gloo_group(world):
@@ -11,12 +17,12 @@ def make_gloo_group(world):
     # found free beforehand can be taken by another job before the store binds it.
     store = None
     if world.rank == 0:
-        store = dist.TCPStore("127.0.0.1", 0, world.size, True,
+        store = dist.TCPStore(_store_host(world), 0, world.size, True,
                               timeout=timedelta(seconds=60), wait_for_workers=False)
-    port = world.comm.bcast(store.port if store is not None else None, root=0)
+    host, port = world.comm.bcast((store.host, store.port) if store is not None else None,
+                                  root=0)
     if store is None:
-        store = dist.TCPStore("127.0.0.1", port, world.size, False,
-                              timeout=timedelta(seconds=60))
+        store = dist.TCPStore(host, port, world.size, False, timeout=timedelta(seconds=60))
     group = dist.ProcessGroup(store, world.rank, world.size)
     backend = dist.ProcessGroupGloo(store, world.rank, world.size, timedelta(seconds=60))
     group._set_default_backend(dist.ProcessGroup.BackendType.GLOO)

@@ -28,6 +28,9 @@ def test_local_rank_counts_ranks_on_the_same_host(world):
     assert world.local_rank == same.index(me)
     assert world.local_size == len(same)
     assert world.num_nodes == len(set(hosts))
+    # Nodes are numbered in the order of their lowest ranks.
+    firsts = sorted({h: hosts.index(h) for h in hosts}.values())
+    assert world.node_rank == firsts.index(hosts.index(hosts[me]))
 
 
 def test_device_and_threads(world):
@@ -60,7 +63,10 @@ def test_init_on_a_sub_communicator():
             hpcddp.init(comm=MPI.COMM_WORLD)
         expected_size = len(range(MPI.COMM_WORLD.rank % 2, world_size, 2))
         assert (world.rank, world.size) == (MPI.COMM_WORLD.rank // 2, expected_size)
-        assert (world.local_rank, world.local_size) == (world.rank, expected_size)
+        # Local ranks count the members of the sub-communicator on this host.
+        hosts = sub.allgather(socket.gethostname())
+        here = [r for r, host in enumerate(hosts) if host == hosts[world.rank]]
+        assert (world.local_rank, world.local_size) == (here.index(world.rank), len(here))
         assert dist.get_world_size() == expected_size
         total = torch.tensor([float(MPI.COMM_WORLD.rank)])
         dist.all_reduce(total)

@@ -1,0 +1,91 @@
+"""End a launcher that cannot finish an aborted job because a node is out of reach.
+
+``MPI_Abort`` asks the launcher to kill every rank. Hydra's ``mpiexec`` then waits for
+each node's proxy to hang up; a proxy behind a link that is down never can, and the
+launcher waits until TCP gives up on it (about 15 minutes with Linux's default
+``tcp_retries2``), long after every rank has ended (measured on the emulated cluster:
+ranks gone, ``mpiexec`` still there 90 s later). When the launcher runs on this node,
+an ancestor of this rank (a batch script's ``mpiexec`` on the job's first node), a
+detached helper started just before ``MPI_Abort`` ends it if it is still there after a
+grace period, and says so. Standard library only.
+"""
+
+import os
+import subprocess
+import sys
+from typing import Optional, Tuple
+
+__all__ = ["LAUNCHERS", "launcher_ancestor", "end_launcher_later"]
+
+LAUNCHERS = ("mpiexec", "mpiexec.hydra", "mpirun", "orterun", "prterun")
+
+_HELPER = r"""
+import os, sys, time
+pid, start, name, grace = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
+
+def alive():
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19] == start
+    except (OSError, IndexError):
+        return False
+
+deadline = time.monotonic() + grace
+while time.monotonic() < deadline:
+    if not alive():
+        sys.exit(0)
+    time.sleep(0.1)
+if alive():
+    try:  # where the launcher's own messages go: the rank's stderr went with its proxy
+        with open(f"/proc/{pid}/fd/2", "w") as out:
+            out.write(f"hpcddp: {name} (pid {pid}) has not ended {grace:g} s after "
+                      f"MPI_Abort: a node it started is out of reach (a link or a node "
+                      f"is down), so its proxy there cannot answer; ending {name}\n")
+    except OSError:
+        pass
+    os.kill(pid, 9)
+"""
+
+
+def _stat(pid: int) -> Optional[Tuple[str, int, str]]:
+    """(command name, parent PID, start time) of ``pid`` from /proc, or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    name = text[text.index("(") + 1:text.rindex(")")]
+    fields = text.rsplit(")", 1)[1].split()
+    return name, int(fields[1]), fields[19]
+
+
+def launcher_ancestor(pid: Optional[int] = None) -> Optional[Tuple[int, str, str]]:
+    """The nearest ancestor of ``pid`` (this process) that is an MPI launcher, as
+    (PID, start time, name), or None when the launcher runs on another node."""
+    current = os.getpid() if pid is None else pid
+    for _ in range(64):
+        info = _stat(current)
+        if info is None or info[1] <= 1:
+            return None
+        parent = _stat(info[1])
+        if parent is None:
+            return None
+        if parent[0] in LAUNCHERS:
+            return info[1], parent[2], parent[0]
+        current = info[1]
+    return None
+
+
+def end_launcher_later(grace: float) -> None:
+    """Start a detached helper that ends this rank's launcher, if it runs on this node,
+    should it still be running ``grace`` seconds from now. Never raises."""
+    try:
+        found = launcher_ancestor()
+        if found is None:
+            return
+        pid, start, name = found
+        subprocess.Popen([sys.executable, "-c", _HELPER, str(pid), start, name, str(grace)],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    except Exception:  # noqa: BLE001 - aborting must go on whatever happens here
+        pass

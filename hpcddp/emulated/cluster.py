@@ -1,0 +1,242 @@
+"""An emulated cluster on this machine: nodes, their names, and how to start ranks on them.
+
+``EmulatedCluster.up(nodes=2, rate="1gbit")`` builds the nodes (``hpcddp.emulated.network``),
+gives each a hostname in ``/etc/hosts`` and writes the launcher shim that MPICH's
+``mpiexec`` uses in place of ssh. ``down()`` removes all of it, including processes still
+running inside the nodes; ``EmulatedCluster.down_by_name(name)`` does the same from
+another process (``hpcddp cluster down``). Standard library only.
+
+Example::
+
+    with EmulatedCluster.up(nodes=2, rate="2.5gbit", name="demo") as cluster:
+        subprocess.run(["mpiexec", *cluster.mpiexec_args(ranks_per_node=2),
+                        "python", "train.py"], env=cluster.env(), check=True)
+"""
+
+import fcntl
+import ipaddress
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from hpcddp.emulated import network
+
+__all__ = ["EmulatedCluster", "Unavailable", "STATE_ROOT"]
+
+STATE_ROOT = Path("/run/hpcddp-emulated")
+_HOSTS = Path("/etc/hosts")
+_NAME = re.compile(r"^[a-z][a-z0-9]{0,9}$")
+
+# hydra's ssh launcher runs ``SHIM [ssh options] HOST COMMAND...``; ssh would join
+# COMMAND with spaces and hand it to the remote shell, and so does this, inside HOST's
+# network namespace and a UTS namespace that carries HOST's name.
+_SHIM = """#!/bin/sh
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -[oplijFEJLRDWbcemw]) shift 2 ;;
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+host=$1; shift
+exec nsenter --net=/run/netns/"$host" unshare --uts sh -c "hostname $host && exec $*"
+"""
+
+
+_LAUNCHER_PROXIES = ("hydra_pmi_proxy", "slurmstepd", "slurmd")
+
+
+class Unavailable(RuntimeError):
+    """No emulated cluster can be built here; the message says why."""
+
+
+class EmulatedCluster:
+    """A running emulated cluster.
+
+    Attributes:
+        name: what its namespaces, interfaces and state are named after.
+        nodes: the node (and host, and namespace) names, in order.
+        addresses: each node's address on the bridge.
+        bridge, bridge_address: the bridge and the root namespace's address on it.
+        rate: the link rate every node was given (None: unshaped).
+        state_dir: where the state file and the launcher shim live.
+    """
+
+    def __init__(self, state: Dict):
+        self.name = state["name"]
+        self.nodes: List[str] = state["nodes"]
+        self.addresses: List[str] = state["addresses"]
+        self.bridge: str = state["bridge"]
+        self.bridge_address: str = state["bridge_address"]
+        self.rate: Optional[str] = state["rate"]
+        self.state_dir = STATE_ROOT / self.name
+        self.shim = self.state_dir / "launch"
+
+    # -- building and removing -------------------------------------------------------
+
+    @classmethod
+    def up(cls, nodes: int = 2, rate: Optional[str] = None, name: str = "hpcddp"):
+        """Build a cluster of ``nodes`` nodes with links of ``rate`` (e.g. ``"1gbit"``).
+
+        A cluster of the same name left from an earlier run is removed first.
+
+        Raises:
+            Unavailable: not root, or iproute2 or network namespaces are missing.
+            ValueError: a bad name, node count or rate.
+        """
+        if not _NAME.match(name):
+            raise ValueError(f"cluster name {name!r}: use 1-10 lowercase letters and digits, "
+                             f"starting with a letter (it names network interfaces)")
+        if not 1 <= nodes <= 32:
+            raise ValueError(f"nodes={nodes}: an emulated cluster has 1 to 32 nodes")
+        if rate is not None:
+            network.parse_rate(rate)
+        why = network.check_can_build()
+        if why:
+            raise Unavailable(why)
+        cls.down_by_name(name)
+        subnet = network.choose_subnet(name)
+        hosts = list(subnet.hosts())
+        state = {"name": name, "nodes": [f"{name}-n{i}" for i in range(1, nodes + 1)],
+                 "addresses": [str(hosts[i]) for i in range(nodes)],
+                 "bridge": f"{name}br", "bridge_address": str(hosts[-1]),
+                 "prefix": subnet.prefixlen, "rate": rate}
+        cluster = cls(state)
+        cluster.state_dir.mkdir(parents=True, exist_ok=True)
+        (cluster.state_dir / "state.json").write_text(json.dumps(state, indent=1))
+        try:
+            cluster._build(subnet.prefixlen)
+        except BaseException:
+            cluster.down()
+            raise
+        return cluster
+
+    def _build(self, prefix: int) -> None:
+        network.add_bridge(self.bridge, f"{self.bridge_address}/{prefix}")
+        for index, (node, address) in enumerate(zip(self.nodes, self.addresses)):
+            network.add_node(node, self._host_if(index), self.bridge, f"{address}/{prefix}")
+            if self.rate is not None:
+                network.shape(node, self._host_if(index), self.rate)
+        self.shim.write_text(_SHIM)
+        self.shim.chmod(self.shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        _edit_hosts(self.name, list(zip(self.addresses, self.nodes)))
+
+    @classmethod
+    def attach(cls, name: str = "hpcddp") -> "EmulatedCluster":
+        """The running cluster called ``name`` (built by another process)."""
+        path = STATE_ROOT / name / "state.json"
+        if not path.exists():
+            raise FileNotFoundError(f"no emulated cluster {name!r} is up ({path} is missing); "
+                                    f"start one with `hpcddp cluster up --name {name}`")
+        return cls(json.loads(path.read_text()))
+
+    @classmethod
+    def down_by_name(cls, name: str) -> bool:
+        """Remove the cluster called ``name`` if anything of it exists; True if it did."""
+        path = STATE_ROOT / name / "state.json"
+        if path.exists():
+            cls(json.loads(path.read_text())).down()
+            return True
+        # A build interrupted before its state was written: remove by the naming scheme.
+        found = False
+        for node in _run_out("ip", "netns", "list").split():
+            if re.fullmatch(rf"{re.escape(name)}-n\d+", node):
+                network.remove_node(node, f"{name}v{node.rsplit('n', 1)[1]}")
+                found = True
+        if network.link_exists(f"{name}br"):
+            network.remove_bridge(f"{name}br")
+            found = True
+        return found
+
+    def down(self) -> None:
+        """Kill every process inside the nodes, then remove nodes, bridge, host entries
+        and state. Safe to call twice and on a half-built cluster."""
+        for index, node in enumerate(self.nodes):
+            network.remove_node(node, self._host_if(index))
+        network.remove_bridge(self.bridge)
+        _edit_hosts(self.name, [])
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.down()
+
+    # -- starting things on the nodes --------------------------------------------------
+
+    def _host_if(self, index: int) -> str:
+        return f"{self.name}v{index + 1}"
+
+    def node_command(self, node: str, argv: Sequence[str]) -> List[str]:
+        """``argv`` run inside ``node`` (its network and its hostname)."""
+        self._index(node)
+        return ["nsenter", f"--net=/run/netns/{node}", "unshare", "--uts", "sh", "-c",
+                f'hostname {node} && exec "$@"', "sh", *map(str, argv)]
+
+    def mpiexec_args(self, ranks_per_node: int = 1, nodes: Optional[Sequence[str]] = None
+                     ) -> List[str]:
+        """Arguments for MPICH's ``mpiexec`` (hydra) that place ``ranks_per_node`` ranks
+        on each of ``nodes`` (all by default), ranks filled node by node.
+
+        ``-iface`` makes the proxies call ``mpiexec`` back at the bridge's address (the
+        machine's hostname resolves to loopback, which inside a node is the node's own);
+        ``UCX_TLS=tcp,self`` makes ranks on different nodes talk through the links
+        instead of the shared memory that one kernel would let UCX use.
+        """
+        hosts = ",".join(f"{node}:{ranks_per_node}" for node in (nodes or self.nodes))
+        return ["-launcher", "ssh", "-launcher-exec", str(self.shim), "-iface", self.bridge,
+                "-hosts", hosts, "-genv", "UCX_TLS", "tcp,self"]
+
+    def env(self, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+        """The environment for ``mpiexec``: ``base`` (os.environ) with UCX on TCP."""
+        return dict(os.environ if base is None else base, UCX_TLS="tcp,self")
+
+    # -- faults ------------------------------------------------------------------------
+
+    def _index(self, node: str) -> int:
+        if node not in self.nodes:
+            raise ValueError(f"{node!r} is not a node of cluster {self.name!r}; its nodes are "
+                             f"{', '.join(self.nodes)}")
+        return self.nodes.index(node)
+
+    def kill_node(self, node: str, launcher_too: bool = True) -> List[int]:
+        """SIGKILL every process on ``node``, as a node that loses power; with
+        ``launcher_too=False``, every process but the launcher's proxy (hydra's
+        ``hydra_pmi_proxy``, slurmd's ``slurmstepd``), as when the kernel's OOM killer
+        or an operator ends all of a job's processes on a node."""
+        spare = () if launcher_too else _LAUNCHER_PROXIES
+        return network.kill_node(self.nodes[self._index(node)], spare)
+
+    def set_link(self, node: str, up: bool) -> None:
+        """Take ``node``'s link down, or bring it up again."""
+        network.set_link(self._host_if(self._index(node)), up)
+
+    def shape(self, node: str, rate: Optional[str]) -> None:
+        """Give ``node``'s link ``rate`` (e.g. ``"100kbit"``: a crawl), None: unshaped."""
+        network.shape(node, self._host_if(self._index(node)), rate)
+
+
+def _run_out(*args: str) -> str:
+    return subprocess.run(list(args), capture_output=True, text=True).stdout
+
+
+def _edit_hosts(name: str, entries: List[tuple]) -> None:
+    """Replace this cluster's lines in /etc/hosts by ``entries`` (address, hostname).
+
+    Written in place, not renamed over: /etc/hosts is often a bind mount in containers.
+    """
+    marker = f"# hpcddp emulated cluster {name}"
+    STATE_ROOT.mkdir(parents=True, exist_ok=True)
+    with open(STATE_ROOT / ".hosts.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lines = [line for line in _HOSTS.read_text().splitlines() if not line.endswith(marker)]
+        lines += [f"{ipaddress.ip_address(address)} {host} {marker}" for address, host in entries]
+        with open(_HOSTS, "r+") as hosts:
+            hosts.write("\n".join(lines) + "\n")
+            hosts.truncate()

@@ -1,0 +1,48 @@
+"""An emulated cluster of three nodes (network namespaces, ``hpcddp.emulated``) for the
+tests in this folder, or a skip that says why. It is removed at the end of the session,
+also when a test fails; ``make test-cluster`` removes it again should pytest be killed."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
+from hpcddp.emulated import EmulatedCluster, Unavailable  # noqa: E402
+
+NAME = "hdtest"  # also in the Makefile's test-cluster target
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    try:
+        built = EmulatedCluster.up(nodes=3, name=NAME)
+    except Unavailable as why:
+        pytest.skip(f"no emulated cluster here: {why}")
+    try:
+        yield built
+    finally:
+        built.down()
+
+
+@pytest.fixture
+def healthy(cluster):
+    """The cluster, its links restored after the test whatever it did to them."""
+    yield cluster
+    for node in cluster.nodes:
+        cluster.set_link(node, True)
+        cluster.shape(node, None)
+
+
+@pytest.fixture(scope="session")
+def slurm_nodes(cluster):
+    """A real Slurm on the emulated nodes: slurmctld on the bridge, a slurmd in each node."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))
+    from cluster import SlurmCluster, Unavailable as NoSlurm
+
+    try:
+        slurm = SlurmCluster.start(cpus=2, nodes=cluster)
+    except NoSlurm as why:
+        pytest.skip(f"no Slurm on the emulated cluster: {why}")
+    yield slurm
+    slurm.stop()

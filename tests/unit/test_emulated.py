@@ -1,0 +1,94 @@
+"""The emulated cluster's input checks, and the guard that ends a launcher left waiting
+on a node out of reach, run against a real process tree (a script named ``mpiexec``)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from hpcddp.comm.launcher_guard import launcher_ancestor
+from hpcddp.emulated import EmulatedCluster
+from hpcddp.emulated.network import parse_rate
+
+
+@pytest.mark.parametrize("rate,bits", [("1gbit", 1e9), ("2.5gbit", 2.5e9), ("100mbit", 1e8),
+                                       ("8kbit", 8e3), (" 1GBIT ", 1e9)])
+def test_rates(rate, bits):
+    assert parse_rate(rate) == bits
+
+
+@pytest.mark.parametrize("rate", ["1g", "fast", "1 gbit", "-1gbit", ""])
+def test_bad_rate_named_with_the_form(rate):
+    with pytest.raises(ValueError, match="is not of the form 100mbit, 1gbit"):
+        parse_rate(rate)
+
+
+@pytest.mark.parametrize("name", ["Upper", "with-dash", "toolongname1", "1abc", ""])
+def test_bad_cluster_name_refused_before_anything_is_built(name):
+    with pytest.raises(ValueError, match="cluster name .*lowercase letters and digits"):
+        EmulatedCluster.up(nodes=2, name=name)
+
+
+def test_bad_node_count():
+    with pytest.raises(ValueError, match="nodes=0: an emulated cluster has 1 to 32 nodes"):
+        EmulatedCluster.up(nodes=0, name="x")
+
+
+CHILD = textwrap.dedent("""
+    import sys, time
+    from hpcddp.comm.launcher_guard import end_launcher_later, launcher_ancestor
+    print(launcher_ancestor(), flush=True)
+    if sys.argv[1] == "end":
+        end_launcher_later(0.5)
+""")
+
+
+def _launcher(tmp_path, after):
+    """A process named mpiexec that runs a child rank, then ``after``."""
+    script = tmp_path / "mpiexec"
+    script.write_text(f'#!/bin/sh\n"$@"\n{after}\n')
+    script.chmod(0o755)
+    return script
+
+
+def test_launcher_found_among_ancestors(tmp_path):
+    script = _launcher(tmp_path, "true")
+    proc = subprocess.run([str(script), "sh", "-c", f'"{sys.executable}" -c \'{CHILD}\' find'],
+                          capture_output=True, text=True, timeout=60)
+    found = eval(proc.stdout.strip())  # (pid, start time, name)
+    assert found[2] == "mpiexec"
+    assert found[0] != os.getpid()
+
+
+def test_no_launcher_found_outside_one(tmp_path):
+    proc = subprocess.run(["sh", "-c", f'"{sys.executable}" -c \'{CHILD}\' find'],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "None", proc.stdout + proc.stderr
+
+
+def test_launcher_still_waiting_after_the_grace_is_ended(tmp_path):
+    # The launcher's wait stands for hydra's wait on a proxy that cannot answer.
+    script = _launcher(tmp_path, "sleep 60 >/dev/null 2>&1 & wait")
+    start = time.monotonic()
+    proc = subprocess.Popen([str(script), sys.executable, "-c", CHILD, "end"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=50)
+    finally:
+        os.killpg(proc.pid, 9)
+    assert proc.returncode == -9
+    assert time.monotonic() - start < 30
+    assert "mpiexec (pid" in err and "ending mpiexec" in err, err
+
+
+def test_launcher_that_ends_in_time_is_left_alone(tmp_path):
+    script = _launcher(tmp_path, "exit 3")
+    proc = subprocess.run([str(script), sys.executable, "-c", CHILD, "end"],
+                          capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 3
+    time.sleep(1.0)
+    assert "ending mpiexec" not in proc.stderr
