@@ -111,7 +111,8 @@ def main():
     preemption = hpcddp.Preemption()
     if world.is_main:
         print(f"world_size={world.size} backend={train.backend} train_samples={train.length} "
-              f"test_samples={test.length} threads_per_rank={world.num_threads}", flush=True)
+              f"test_samples={test.length} threads_per_rank={world.num_threads} "
+              f"nodes={world.num_nodes}", flush=True)
 
     for epoch in range(start, args.epochs):
         train.set_epoch(epoch)

@@ -166,18 +166,40 @@ class World(Closable):
             raise ConfigError(f"HPCDDP_REDUCE differs between ranks ({said}); ranks reducing "
                               f"by different algorithms would wait for each other forever. "
                               f"Set the same value for every rank")
-        self.reduction = "ring" if setting == "ring" else "mpi"
         if setting == "staged" and self.cuda_aware:
             self.cuda_aware = False
             self.cuda_aware_reason += "; HPCDDP_REDUCE=staged: staging through host memory"
         where = "device buffers" if self.cuda_aware and self.device.type == "cuda" else \
             "pinned host buffers" if self.device.type == "cuda" else "host buffers"
-        if setting == "ring":
-            self.reduction_reason = f"HPCDDP_REDUCE=ring: hpcddp's ring on {where}"
+        layout = f"{self.num_nodes} nodes x {self.local_size} ranks"
+        uniform = len(set(self.comm.allgather(self.local_size))) == 1
+        if setting == "node" and not uniform:
+            raise ConfigError("HPCDDP_REDUCE=node: the nodes hold different numbers of "
+                              "ranks, and the node-aware allreduce needs the same number on "
+                              "each. Start as many ranks on every node, or set "
+                              "HPCDDP_REDUCE=auto")
+        if setting in ("ring", "node"):
+            self.reduction = setting
+            what = "hpcddp's ring" if setting == "ring" else \
+                f"node-aware (within the node, across {self.num_nodes} nodes, within the node)"
+            self.reduction_reason = f"HPCDDP_REDUCE={setting}: {what} on {where}"
         elif setting in ("mpi", "staged"):
+            self.reduction = "mpi"
             self.reduction_reason = f"HPCDDP_REDUCE={setting}: MPI's Iallreduce on {where}"
+        elif self.num_nodes > 1 and self.local_size > 1 and uniform and where == "host buffers":
+            # Each node's link carries 2(n-1)/n of the buffer, not 2(p-1)/p or more.
+            self.reduction = "node"
+            self.reduction_reason = (
+                f"HPCDDP_REDUCE=auto: node-aware on {where} ({layout}: shared memory "
+                f"inside the node, then each node sends the least an allreduce can over "
+                f"its link)")
         else:
-            self.reduction_reason = f"HPCDDP_REDUCE=auto: MPI's Iallreduce on {where}"
+            self.reduction = "mpi"
+            why = "one node" if self.num_nodes == 1 else \
+                "one rank per node" if self.local_size == 1 else \
+                "nodes with different numbers of ranks" if not uniform else \
+                "GPU buffers"
+            self.reduction_reason = f"HPCDDP_REDUCE=auto: MPI's Iallreduce on {where} ({why})"
 
     def _confirm_cuda_aware(self) -> None:
         """Run the device-buffer self-test once (rank 0) and fall back to staging if it fails.

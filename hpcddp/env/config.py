@@ -56,11 +56,13 @@ _SETTINGS = {
         "millisecond, in addition to the Test calls made at every gradient hook."),
     "REDUCE": _Setting(
         "choice", "auto",
-        "How gradients and dist.all_reduce are summed. auto: MPI's own allreduce, on device "
+        "How gradients and dist.all_reduce are summed. auto: node-aware with several ranks "
+        "on each of several nodes (host buffers), else MPI's own allreduce, on device "
         "buffers where the MPI is proven to reduce them; mpi: MPI's allreduce; ring: "
         "hpcddp's ring of non-blocking point-to-point (device buffers where MPI is "
-        "CUDA-aware, host buffers otherwise); staged: GPU tensors through pinned host "
-        "memory and MPI's allreduce.", ("auto", "mpi", "ring", "staged")),
+        "CUDA-aware, host buffers otherwise); node: reduce within the node, across nodes, "
+        "then share within the node; staged: GPU tensors through pinned host memory and "
+        "MPI's allreduce.", ("auto", "mpi", "ring", "node", "staged")),
     "SOLO_BUCKET_KB": _Setting(
         "int", 1024,
         "A parameter in host memory of at least this many KiB is reduced in its own "

@@ -4,8 +4,10 @@
 - ``RingAllreduce``: hpcddp's ring of non-blocking point-to-point (``ring.py``) on the
   tensor behind it, combined by torch kernels: for MPIs whose device ``Iallreduce``
   crashes (Open MPI's libnbc) or whose host ``Iallreduce`` is slow.
+- ``NodeAwareAllreduce`` (``node_aware.py``): inside the node, across nodes, inside the
+  node again, for several ranks per node on a network slower than shared memory.
 
-Both return a request: something with ``Test()`` and ``Wait()``.
+All return a request: something with ``Test()`` and ``Wait()``.
 """
 
 from typing import Dict
@@ -14,9 +16,10 @@ import torch
 from mpi4py import MPI
 
 from hpcddp.comm.ops import mpi_op
+from hpcddp.transport.node_aware import NodeAwareAllreduce
 from hpcddp.transport.ring import Ring
 
-__all__ = ["MPIAllreduce", "Reduction", "RingAllreduce", "REDUCTIONS"]
+__all__ = ["MPIAllreduce", "NodeAwareAllreduce", "Reduction", "RingAllreduce", "REDUCTIONS"]
 
 _TAGS = 1 << 14  # the ring's tags: the top of the tag space, away from users' tags
 
@@ -92,4 +95,4 @@ class RingAllreduce(Reduction):
         return ring
 
 
-REDUCTIONS = {cls.name: cls for cls in (MPIAllreduce, RingAllreduce)}
+REDUCTIONS = {cls.name: cls for cls in (MPIAllreduce, RingAllreduce, NodeAwareAllreduce)}

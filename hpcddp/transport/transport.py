@@ -22,6 +22,7 @@ from hpcddp.comm import activity, timeline
 from hpcddp.comm.fingerprint import CollectiveCheck
 from hpcddp.comm.handle import Handle
 from hpcddp.env import get_setting
+from hpcddp.transport.node_aware import NodeAwareAllreduce, node_layout
 from hpcddp.transport.reductions import REDUCTIONS, Reduction
 from hpcddp.transport.routes import Binding, DeviceRoute, HostRoute, Route
 from hpcddp.transport.staging import StagedRoute
@@ -189,7 +190,7 @@ class Transport:
         self.chunk_bytes = chunk_bytes
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction={reduction!r}; use one of {sorted(REDUCTIONS)}")
-        self.reduction: Reduction = REDUCTIONS[reduction](comm, cuda)
+        self.reduction: Reduction = _make_reduction(reduction, comm, cuda)
         self._ring16: Optional[Reduction] = None  # made on first use
         self.host = HostRoute(cuda)
         self.device = DeviceRoute(cuda)
@@ -362,6 +363,22 @@ class Transport:
         """
         if self.check is not None:
             self.check.close()
+        free = getattr(self.reduction, "free", None)
+        if free is not None:
+            free()
+
+
+def _make_reduction(name: str, comm, cuda) -> Reduction:
+    """The reduction ``name`` on ``comm``. Collective. A group whose nodes hold different
+    numbers of its ranks (a torch subgroup, a DDP process_group) cannot run the
+    node-aware allreduce; it uses MPI's."""
+    if name == "node":
+        layout = node_layout(comm)
+        if layout.why_not() is None:
+            return NodeAwareAllreduce(comm, cuda, layout)
+        layout.free()
+        name = "mpi"
+    return REDUCTIONS[name](comm, cuda)
 
 
 def _dtype(tensor) -> str:

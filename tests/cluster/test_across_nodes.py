@@ -1,7 +1,8 @@
 """hpcddp on several nodes: the MPI test suites, run as one job across emulated nodes,
 against the same independent references as on one node (single-process training on the
 global batch, torch's DDP and collectives on gloo, DataLoader with DistributedSampler,
-torch.load of the checkpoint file), with MPI's reduction and with hpcddp's ring."""
+torch.load of the checkpoint file), with the reduction hpcddp chooses (node-aware on two
+nodes x two ranks, MPI's on three nodes x one) and with hpcddp's ring."""
 
 import re
 
@@ -13,19 +14,27 @@ from cluster_util import on_nodes
 # backend, the loader, checkpoint delivery, the timeline; test_nodes.py only runs here.
 SUITE = ["tests/mpi/test_world.py", "tests/mpi/test_nodes.py",
          "tests/mpi/test_ddp_vs_single.py", "tests/mpi/test_ddp_vs_torch.py",
-         "tests/mpi/test_process_group.py", "tests/mpi/test_data.py",
+         "tests/mpi/test_process_group.py", "tests/mpi/test_node_aware.py",
+         "tests/mpi/test_data.py",
          "tests/mpi/test_checkpoint_delivery.py", "tests/mpi/test_checkpoint.py",
          "tests/mpi/test_timeline.py"]
 RING_SUITE = ["tests/mpi/test_ring.py", "tests/mpi/test_ddp_vs_single.py",
               "tests/mpi/test_process_group.py"]
 LAYOUTS = {"2x2": (2, 2), "3x1": (3, 1)}  # nodes x ranks per node
+# MPICH 5 with UCX over TCP (UCX_TLS=tcp,self) loses a receive from MPI_ANY_SOURCE when
+# ranks sit on three nodes or more: a four-line mpi4py loop (Send on rank 1, Irecv from
+# any source on rank 0, Barrier) stops within a few iterations, with or without
+# UCX_NET_DEVICES=eth0, and never on two nodes or with shared memory. torch's recv
+# without a source is the only use of it here; it is left out on three nodes.
+ANY_SOURCE_TEST = "tests/mpi/test_process_group.py::test_recv_from_any_source_reports_the_sender"
 
 
 def _pytest_job(cluster, layout, files, env=None):
     nodes, per_node = LAYOUTS[layout]
+    skip = ["--deselect", ANY_SOURCE_TEST] if nodes >= 3 else []
     job = on_nodes(cluster, ["-m", "pytest", "-p", "hpcddp.testing", "-p", "no:cacheprovider",
-                             *files], ranks_per_node=per_node, nodes=cluster.nodes[:nodes],
-                   env=env, timeout=600)
+                             *skip, *files], ranks_per_node=per_node,
+                   nodes=cluster.nodes[:nodes], env=env, timeout=600)
     assert not job.timed_out, job.output[-4000:]
     assert job.returncode == 0, job.output[-6000:]
     assert f"({nodes} node(s))" in job.stdout, job.stdout[-2000:]

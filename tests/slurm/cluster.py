@@ -1,9 +1,11 @@
-"""A real single-node Slurm cluster for tests: munge, slurmctld and slurmd on this machine.
+"""A real Slurm cluster for tests: munge, slurmctld and slurmd on this machine, or one
+slurmd in each node of an emulated cluster (``hpcddp.emulated``).
 
 Everything lives in a temporary directory and reaches Slurm through ``SLURM_CONF``;
 nothing is written to /etc. Daemons are stopped by PID.
 
     cluster = SlurmCluster.start()      # raises Unavailable with the reason
+    cluster = SlurmCluster.start(nodes=emulated)   # NodeName = each node's hostname
     job_id = cluster.sbatch("slurm/train.sbatch", env=...)
     cluster.wait(job_id)
     cluster.stop()
@@ -50,20 +52,20 @@ def _sbin(name):
 
 CONF = """\
 ClusterName=hpcddp-test
-SlurmctldHost={host}
+SlurmctldHost={ctld_host}
 SlurmctldPort={ctld_port}
 SlurmdPort={d_port}
 AuthType=auth/munge
-AuthInfo=socket={munge_socket}
+AuthInfo=socket={munge_socket},cred_expire=20
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={dir}/state
-SlurmdSpoolDir={dir}/spool
+SlurmdSpoolDir={dir}/spool.%n
 SlurmctldPidFile={dir}/slurmctld.pid
-SlurmdPidFile={dir}/slurmd.pid
+SlurmdPidFile={dir}/slurmd.%n.pid
 SlurmctldLogFile={dir}/slurmctld.log
-SlurmdLogFile={dir}/slurmd.log
+SlurmdLogFile={dir}/slurmd.%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -80,8 +82,8 @@ MinJobAge=600
 JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
-NodeName={host} CPUs={cpus} State=UNKNOWN
-PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+{node_lines}
+PartitionName=debug Nodes={node_list} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 """
 
 
@@ -99,21 +101,34 @@ class SlurmCluster:
         self.env = dict(os.environ, SLURM_CONF=str(self.conf))
 
     @classmethod
-    def start(cls, cpus=None):
+    def start(cls, cpus=None, nodes=None):
+        """A single-node cluster on this host, or, with ``nodes`` (an ``EmulatedCluster``),
+        one slurmd in each emulated node and slurmctld on the bridge's address."""
         if os.geteuid() != 0:
             raise Unavailable("the test cluster runs its daemons as root; run as root")
         ensure_packages()
         cluster = cls(Path(tempfile.mkdtemp(prefix="hpcddp-slurm-")))
         try:
-            cluster._start(cpus or os.cpu_count())
+            cluster._start(cpus or os.cpu_count(), nodes)
         except BaseException:
             cluster.stop()
             raise
         return cluster
 
-    def _start(self, cpus):
+    def _start(self, cpus, emulated):
         d = self.dir
-        for sub in ("state", "spool", "munge"):
+        host = socket.gethostname()
+        if emulated is None:
+            names, ctld_host = [host], host
+            node_lines = f"NodeName={host} CPUs={cpus} State=UNKNOWN"
+        else:
+            # slurmctld checks its own hostname against SlurmctldHost: it runs in a UTS
+            # namespace of its own under this name, reached at the bridge's address.
+            names = list(emulated.nodes)
+            ctld_host = f"{emulated.name}-ctl({emulated.bridge_address})"
+            node_lines = "\n".join(f"NodeName={n} NodeAddr={a} CPUs={cpus} State=UNKNOWN"
+                                    for n, a in zip(emulated.nodes, emulated.addresses))
+        for sub in ("state", "munge", *(f"spool.{n}" for n in names)):
             (d / sub).mkdir()
         os.chmod(d, 0o755)
         os.chmod(d / "munge", 0o755)  # munge refuses a socket directory others can write
@@ -127,26 +142,38 @@ class SlurmCluster:
              f"--seed-file={d / 'munge' / 'munged.seed'}"], capture_output=True, text=True)
         if munged.returncode != 0:
             raise Unavailable(f"munged did not start: {munged.stderr.strip()}")
-        host = socket.gethostname()
-        self.conf.write_text(CONF.format(host=host, dir=d, munge_socket=sock, cpus=cpus,
+        self.conf.write_text(CONF.format(ctld_host=ctld_host, dir=d, munge_socket=sock,
+                                         cpus=cpus, node_lines=node_lines,
+                                         node_list=",".join(names),
                                          ctld_port=_free_port(), d_port=_free_port()))
-        for daemon in ("slurmctld", "slurmd"):
+        ctld = [_sbin("slurmctld"), "-D", "-f", str(self.conf)]
+        daemons = {"slurmctld": ctld}
+        if emulated is None:
+            daemons["slurmd"] = [_sbin("slurmd"), "-D", "-f", str(self.conf)]
+        else:
+            daemons["slurmctld"] = ["unshare", "--uts", "sh", "-c",
+                                    f"hostname {emulated.name}-ctl && exec {' '.join(ctld)}"]
+            for node in names:  # nsenter, not ip netns exec: that hides /sys/fs/cgroup
+                daemons[f"slurmd.{node}"] = emulated.node_command(
+                    node, [_sbin("slurmd"), "-D", "-f", str(self.conf), "-N", node])
+        for daemon, argv in daemons.items():
             log = open(d / f"{daemon}.out", "w")
-            self.procs.append(subprocess.Popen([_sbin(daemon), "-D", "-f", str(self.conf)],
-                                               stdout=log, stderr=subprocess.STDOUT,
+            self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                                env=self.env, start_new_session=True))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            state = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True,
-                                   env=self.env).stdout.strip()
-            if state in ("idle", "mixed", "allocated"):
+            states = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True,
+                                    text=True, env=self.env).stdout.split()
+            state = " ".join(states)
+            if len(states) == len(names) and \
+                    all(s in ("idle", "mixed", "allocated") for s in states):
                 return
             if any(p.poll() is not None for p in self.procs):
                 break
             time.sleep(0.5)
-        logs = "\n".join((d / f).read_text()[-1500:] for f in ("slurmctld.out", "slurmd.out")
-                         if (d / f).exists())
-        raise Unavailable(f"Slurm did not come up (node state {state!r}):\n{logs}")
+        logs = "\n".join(f"{f}: " + (d / f).read_text()[-1500:]
+                         for f in (f"{daemon}.out" for daemon in daemons) if (d / f).exists())
+        raise Unavailable(f"Slurm did not come up (node states {state!r}):\n{logs}")
 
     def run(self, *args, check=True):
         done = subprocess.run(list(args), capture_output=True, text=True, env=self.env)

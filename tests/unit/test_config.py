@@ -45,7 +45,7 @@ def test_a_choice_is_read_case_insensitively_and_a_wrong_one_quoted():
     assert get_setting("REDUCE", {}) == "auto"
     assert get_setting("REDUCE", {"HPCDDP_REDUCE": " Ring "}) == "ring"
     with pytest.raises(ConfigError, match="HPCDDP_REDUCE='tree' is not one of auto, mpi, "
-                                          "ring, staged"):
+                                          "ring, node, staged"):
         get_setting("REDUCE", {"HPCDDP_REDUCE": "tree"})
 
 

@@ -1,0 +1,106 @@
+"""hpcddp where the network is the bottleneck: jobs on an emulated cluster of network
+namespaces with tbf-shaped links (``hpcddp.emulated``; root only), every peer measured
+in the same job on the same links.
+
+    python benchmarks/bench_network.py            # all of it, about 15 minutes
+    python benchmarks/bench_network.py --quick    # fewer sizes and repeats
+
+- allreduce: bus bandwidth (2 (n - 1) / n * S / t, n nodes) as a share of the link rate,
+  for hpcddp's reductions, raw MPI and gloo; at 1 and 2.5 Gbit/s, on 2 and 4 nodes x 1
+  rank and on 2 nodes x 2 ranks.
+- ddp: the step of bench_ddp's MLP on 2 nodes x 1 rank, hpcddp against torch's DDP on
+  gloo, in fp32, fp16/bf16 and PowerSGD; beside the compute-only step and the link-limited
+  time of one allreduce of every gradient byte, 2 (n - 1) / n * S / B.
+
+Writes results/network.json. Ranks use one torch thread; UCX_TLS=tcp,self sends
+everything through the links.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from hpcddp.emulated import EmulatedCluster  # noqa: E402
+from hpcddp.emulated.network import parse_rate  # noqa: E402
+
+NAME = "hdbench"
+
+
+def _job(cluster, nodes, per_node, argv):
+    command = [str(Path(sys.executable).parent / "mpiexec"),
+               *cluster.mpiexec_args(per_node, cluster.nodes[:nodes]),
+               "-genv", "HPCDDP_NUM_THREADS", "1", "-genv", "OMP_NUM_THREADS", "1",
+               sys.executable, str(HERE / "net_job.py"), *argv]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=HERE, timeout=1800,
+                          env=cluster.env())
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"job {argv} on {nodes}x{per_node} failed ({done.returncode}):\n"
+                       f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+
+
+def _link_share(result, rate_bits):
+    """Each variant's bus bandwidth over the link's rate, per size."""
+    nodes = result["nodes"]
+    for row in result["rows"]:
+        moved = 2 * (nodes - 1) / nodes * row["bytes"] * 8
+        for name, value in list(row.items()):
+            if isinstance(value, dict):
+                value["bus_gbit"] = moved / (value["median_ms"] / 1e3) / 1e9
+                value["link_share"] = value["bus_gbit"] * 1e9 / rate_bits
+                value["link_share_spread"] = [moved / (value[k] / 1e3) / rate_bits
+                                              for k in ("max_ms", "min_ms")]
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rates", default="1gbit,2.5gbit")
+    args = parser.parse_args()
+    sizes = "1,16" if args.quick else "1,16,24,64"
+    iters = "3" if args.quick else "5"
+    runs = []
+    for rate in args.rates.split(","):
+        bits = parse_rate(rate)
+        with EmulatedCluster.up(nodes=4, rate=rate, name=NAME) as cluster:
+            for nodes, per_node in ((2, 1), (4, 1), (2, 2)):
+                result = _job(cluster, nodes, per_node,
+                              ["allreduce", "--sizes-mib", sizes, "--iters", iters])
+                runs.append(dict(_link_share(result, bits), what="allreduce", rate=rate))
+                print(f"{rate} {nodes}x{per_node} allreduce done", flush=True)
+            result = _job(cluster, 2, 1, ["ddp", "--steps", "5" if args.quick else "10"])
+            moved = 2 * (2 - 1) / 2 * result["grad_bytes"] * 8
+            result["link_limited_allreduce_ms"] = moved / bits * 1e3
+            steps = result["steps"]
+            limit = max(steps["no_communication"]["median_ms"],
+                        result["link_limited_allreduce_ms"])
+            result["perfect_overlap_ms"] = limit
+            result["ratios"] = {
+                "hpcddp_vs_perfect_overlap": steps["hpcddp"]["median_ms"] / limit,
+                "hpcddp_vs_torch_ddp_gloo": steps["hpcddp"]["median_ms"] /
+                steps["torch_ddp_gloo"]["median_ms"],
+                "hpcddp_fp16_vs_torch_ddp_gloo_fp32": steps["hpcddp_fp16"]["median_ms"] /
+                steps["torch_ddp_gloo"]["median_ms"],
+                "hpcddp_fp16_vs_torch_fp16_hook_gloo": steps["hpcddp_fp16"]["median_ms"] /
+                steps["torch_ddp_gloo_fp16_hook"]["median_ms"],
+                "hpcddp_powersgd_vs_torch_powersgd_gloo":
+                    steps["hpcddp_powerSGD_rank4"]["median_ms"] /
+                    steps["torch_ddp_gloo_powerSGD_rank4"]["median_ms"],
+            }
+            runs.append(dict(result, what="ddp", rate=rate))
+            print(f"{rate} ddp done: {json.dumps(result['ratios'])}", flush=True)
+    out = HERE / "results" / "network.json"
+    out.write_text(json.dumps({"benchmark": "network-bound collectives and DDP on an "
+                                            "emulated cluster (tbf-shaped links)",
+                               "runs": runs}, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
