@@ -8,13 +8,20 @@ of this process can intervene; a small watcher process can. It is started before
 (nothing of MPI is inherited), and if ``MPI_Init`` has not returned within
 ``HPCDDP_TIMEOUT`` it prints why and kills this rank, which makes the launcher end the
 job. It is stopped the moment ``MPI_Init`` returns.
+
+A process that ``multiprocessing`` started from a rank (a DataLoader worker under
+``spawn`` or ``forkserver``, which imports the training script again) never starts MPI:
+``MPI_Init`` there fails deep in PMI with a stack that hides the cause. It prints one
+line naming the cause and the fix and exits, and the rank's DataLoader then fails, which
+ends the job. A child forked after ``hpcddp.init()`` has MPI in its memory already and
+is not refused.
 """
 
 import os
 import subprocess
 import sys
 
-__all__ = ["start_mpi"]
+__all__ = ["refuse_in_child", "start_mpi"]
 
 _WATCHER = r"""
 import os, signal, sys, time
@@ -37,12 +44,35 @@ def _launched_rank() -> str:
     return "this rank"
 
 
+def refuse_in_child() -> None:
+    """Exit with one line on stderr if this process is a ``multiprocessing`` child of
+    a launched rank that has not started MPI (it would start it now)."""
+    import multiprocessing
+
+    parent = multiprocessing.parent_process()
+    # While a spawn/forkserver child imports the parent's main module again, it has no
+    # parent_process() yet; it is "inheriting" (what multiprocessing itself checks).
+    inheriting = getattr(multiprocessing.current_process(), "_inheriting", False)
+    rank = _launched_rank()
+    if (parent is None and not inheriting) or rank == "this rank":
+        return
+    sys.stderr.write(
+        f"hpcddp: hpcddp.init() ran in a process that multiprocessing started from {rank} "
+        f"(pid {os.getpid()}): a child process must not join the MPI job. A 'spawn' or "
+        f"'forkserver' child (a DataLoader worker) imports the training script again; put "
+        f"the script's training code under `if __name__ == \"__main__\":`.\n")
+    sys.stderr.flush()
+    os._exit(1)
+
+
 def start_mpi(timeout: float) -> None:
     """Import ``mpi4py.MPI`` (``MPI_Init``), ending this rank if that takes longer than
-    ``timeout`` seconds in a job of several ranks. Does nothing once MPI is started.
+    ``timeout`` seconds in a job of several ranks. Does nothing once MPI is started;
+    refuses a child process of a rank (``refuse_in_child``).
     """
     if "mpi4py.MPI" in sys.modules:
         return
+    refuse_in_child()
     from hpcddp.env import detect_launcher
 
     if not timeout or (detect_launcher().world_size or 1) < 2:
