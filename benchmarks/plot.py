@@ -1,7 +1,8 @@
 """Draw the benchmark tables of the README from ``benchmarks/results/*.json``.
 
 Run: ``python benchmarks/plot.py`` (needs matplotlib: ``pip install 'hpcddp[bench]'``).
-Writes ``benchmarks/results/summary.png``.
+Writes ``benchmarks/results/summary.png``, and ``network.png`` from ``network.json``
+(``bench_network.py``).
 """
 
 import json
@@ -91,6 +92,52 @@ def main():
     fig.tight_layout()
     out = RESULTS / "summary.png"
     fig.savefig(out, dpi=90)
+    print(f"wrote {out}")
+    if (RESULTS / "network.json").exists():
+        network()
+
+
+NETWORK_VARIANTS = ["hpcddp_auto", "hpcddp_ring", "hpcddp_node", "mpi_allreduce",
+                    "mpi_iallreduce", "gloo"]
+DDP_VARIANTS = ["no_communication", "hpcddp", "torch_ddp_gloo", "hpcddp_fp16",
+                "torch_ddp_gloo_fp16_hook", "hpcddp_powerSGD_rank4",
+                "torch_ddp_gloo_powerSGD_rank4"]
+
+
+def network():
+    """Allreduce bus bandwidth as a share of the link, per layout and rate; DDP steps."""
+    runs = load("network")["runs"]
+    rates = sorted({r["rate"] for r in runs}, key=lambda r: float(r.rstrip("gbit")))
+    layouts = sorted({(r["nodes"], r["ranks_per_node"]) for r in runs if r["what"] == "allreduce"})
+    fig, axes = plt.subplots(len(rates), len(layouts) + 1,
+                             figsize=(5 * (len(layouts) + 1), 4 * len(rates)), squeeze=False)
+    for i, rate in enumerate(rates):
+        for j, (nodes, per_node) in enumerate(layouts):
+            ax = axes[i][j]
+            run = next(r for r in runs if r["what"] == "allreduce" and r["rate"] == rate
+                       and (r["nodes"], r["ranks_per_node"]) == (nodes, per_node))
+            sizes = [row["bytes"] / 2**20 for row in run["rows"]]
+            for key in NETWORK_VARIANTS:
+                if key in run["rows"][0]:
+                    ax.semilogx(sizes, [row[key]["link_share"] for row in run["rows"]],
+                                marker="o", label=key)
+            ax.axhline(1.0, color="grey", lw=0.5)
+            ax.set_ylim(0, 1.2)
+            ax.set_xlabel("MiB")
+            ax.set_ylabel("bus bandwidth / link rate")
+            ax.set_title(f"allreduce, {nodes} nodes x {per_node}, {rate}")
+            ax.legend(fontsize=7)
+        ddp = next(r for r in runs if r["what"] == "ddp" and r["rate"] == rate)
+        ax = axes[i][-1]
+        values = [ddp["steps"][k]["median_ms"] for k in DDP_VARIANTS]
+        ax.barh(DDP_VARIANTS, values)
+        ax.axvline(ddp["perfect_overlap_ms"], color="red", lw=1, label="perfect overlap")
+        ax.set_xlabel("ms per step")
+        ax.set_title(f"DDP step, MLP (24 MiB), 2 nodes x 1, {rate}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    out = RESULTS / "network.png"
+    fig.savefig(out, dpi=80)
     print(f"wrote {out}")
 
 

@@ -72,7 +72,8 @@ def test_rings_in_flight_together_do_not_mix(world, ring):
 
 def test_ddp_and_the_torch_group_reduce_as_the_world_decided(world):
     # Under HPCDDP_REDUCE=ring (make test-mpi's second pass) this is the ring; left to
-    # itself, node-aware with several ranks on each of several nodes, else MPI's.
+    # itself, node-aware with several ranks on each of several nodes, the ring with one
+    # rank on each of three nodes or more, else MPI's.
     import os
     import socket
     from collections import Counter
@@ -85,7 +86,9 @@ def test_ddp_and_the_torch_group_reduce_as_the_world_decided(world):
     setting = os.environ.get("HPCDDP_REDUCE", "").lower()
     per_node = Counter(world.comm.allgather(socket.gethostname())).values()
     spread = len(per_node) > 1 and min(per_node) > 1 and len(set(per_node)) == 1
-    expected = setting if setting in ("ring", "node") else "node" if spread else "mpi"
+    alone = len(per_node) > 2 and max(per_node) == 1
+    expected = setting if setting in ("ring", "node") else "node" if spread else \
+        "ring" if alone else "mpi"
     assert world.reduction == expected
     with hpcddp.DistributedDataParallel(nn.Linear(2, 2)) as ddp:
         assert ddp.reducer.transport.reduction.name == expected
