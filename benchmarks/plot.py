@@ -120,7 +120,7 @@ def network():
             for key in NETWORK_VARIANTS:
                 if key in run["rows"][0]:
                     ax.semilogx(sizes, [row[key]["link_share"] for row in run["rows"]],
-                                marker="o", label=key)
+                                marker="o", label=key, color=f"C{NETWORK_VARIANTS.index(key)}")
             ax.axhline(1.0, color="grey", lw=0.5)
             ax.set_ylim(0, 1.2)
             ax.set_xlabel("MiB")
@@ -133,7 +133,7 @@ def network():
         ax.barh(DDP_VARIANTS, values)
         ax.axvline(ddp["perfect_overlap_ms"], color="red", lw=1, label="perfect overlap")
         ax.set_xlabel("ms per step")
-        ax.set_title(f"DDP step, MLP (24 MiB), 2 nodes x 1, {rate}")
+        ax.set_title(f"DDP step, MLP, 2 nodes x 1, {rate}")
         ax.legend(fontsize=7)
     fig.tight_layout()
     out = RESULTS / "network.png"
