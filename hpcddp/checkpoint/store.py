@@ -76,6 +76,29 @@ def write_checkpoint(root, step: int, state: dict, world_size: int) -> str:
     return final
 
 
+@contextlib.contextmanager
+def without_zip_crc32():
+    """torch.save without the CRC32 of every zip record, restored afterwards.
+
+    The manifest holds an XXH3-128 of every byte of the file, checked at every load;
+    torch's CRC32 of the same bytes is a second, slower checksum of them: 144 MiB of
+    state took 154-167 ms to torch.save with it and 95-98 ms without. Files written
+    without it load in torch.load as any other. The option is process-wide: a torch.save
+    in another thread during a checkpoint save also skips it.
+    """
+    get = getattr(torch.serialization, "get_crc32_options", None)
+    put = getattr(torch.serialization, "set_crc32_options", None)
+    if get is None or put is None:  # an older torch: nothing to turn off
+        yield
+        return
+    before = get()
+    put(False)
+    try:
+        yield
+    finally:
+        put(before)
+
+
 def _write_and_publish(root, final, step, state, world_size) -> None:
     if os.path.exists(final):
         shutil.rmtree(final)  # a re-save of the same step replaces it
@@ -83,7 +106,8 @@ def _write_and_publish(root, final, step, state, world_size) -> None:
     def write(tmp):
         writer = HashingWriter(os.path.join(tmp, STATE))
         try:
-            torch.save(state, writer)
+            with without_zip_crc32():
+                torch.save(state, writer)
             writer.sync_and_close()
         except BaseException as error:
             writer.abandon()
@@ -214,14 +238,49 @@ def skip(path: str, reason: str, skipped: List[str]) -> None:
     warn_user(f"hpcddp.checkpoint: skipping {path}: {reason}; trying an older one")
 
 
+_REMOVING = ".removing-"
+_removal: List[threading.Thread] = []  # the one removal in flight in this process, if any
+
+
 def remove_old(root, keep_last: int, keep: str) -> None:
-    """Delete all but the newest ``keep_last`` checkpoints; never ``keep``."""
+    """Delete all but the newest ``keep_last`` checkpoints; never ``keep``.
+
+    Each one is renamed out of the way at once (``.removing-step-N``: no load sees it
+    from then on) and its files are deleted by a background thread, off the save's
+    critical path: unlinking 144 MiB took 24-28 ms of a 100 ms save here. The next save
+    or load waits for it first (``finish_removal``), so a full disk gets its space back
+    before anything new is written. A crash mid-delete leaves ``.removing-*``, which the
+    next save removes.
+    """
+    finish_removal()
     names = sorted((n for n in os.listdir(root) if _NAME.match(n)),
                    key=lambda n: int(_NAME.match(n).group(1)), reverse=True)
+    doomed = []
     for name in names[keep_last:]:
         path = os.path.join(root, name)
         if os.path.abspath(path) != os.path.abspath(keep):
-            shutil.rmtree(path, ignore_errors=True)
+            target = os.path.join(root, f"{_REMOVING}{name}-{os.getpid()}")
+            try:
+                os.rename(path, target)
+            except OSError:
+                target = path  # deleted in place, as before
+            doomed.append(target)
+    if doomed:
+        thread = threading.Thread(target=_delete, args=(doomed,),
+                                  name="hpcddp-checkpoint-removal")
+        thread.start()  # not a daemon: the interpreter finishes it before it exits
+        _removal.append(thread)
+
+
+def _delete(paths: List[str]) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def finish_removal() -> None:
+    """Wait for this process's removal of old checkpoints, if one is running."""
+    while _removal:
+        _removal.pop().join()
 
 
 def remove_stale_temporaries(root, saving: bool = True) -> None:
@@ -236,9 +295,12 @@ def remove_stale_temporaries(root, saving: bool = True) -> None:
         names = os.listdir(root)
     except OSError:
         return  # no directory yet, or unreadable: the load or save says so itself
+    finish_removal()
     for name in names:
         path = os.path.join(root, name)
-        if name.startswith(".tmp-step-"):
+        if saving and name.startswith(_REMOVING):  # a removal a crash interrupted
+            shutil.rmtree(path, ignore_errors=True)
+        elif name.startswith(".tmp-step-"):
             alive = writer_alive(path)
             if alive is False or (saving and alive is None):
                 shutil.rmtree(path, ignore_errors=True)
