@@ -151,8 +151,7 @@ class NodeAwareAllreduce:
 
     def start(self, binding, op, slot=None):
         buf, mop = binding.buf, mpi_op(op, binding.kind)
-        step = max(1, self.slice_bytes // max(1, buf.itemsize if hasattr(buf, "itemsize")
-                                               else buf.element_size()))
+        step = max(1, self.slice_bytes // binding.memory.element_size())
         chains = [_Chain(self, buf[k:k + step], mop) for k in range(0, max(len(buf), 1), step)]
         self._chains.extend(chains)
         self.advance()

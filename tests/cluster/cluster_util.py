@@ -4,7 +4,7 @@ import subprocess
 import sys
 import time
 
-from jobs_util import Finished, ROOT, clean_env, mpiexec, run_command
+from jobs_util import Finished, ROOT, clean_env, communicate_or_kill, mpiexec, run_command
 
 __all__ = ["ROOT", "on_nodes", "start_on_nodes", "wait_for_line", "finish"]
 
@@ -41,15 +41,7 @@ def wait_for_line(proc, prefix, timeout):
 
 def finish(proc, earlier, timeout):
     """Wait for ``proc`` to end (killed with its process group after ``timeout``)."""
-    import os
-    import signal
     start = time.monotonic()
-    timed_out = False
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-    text = "".join(earlier) + out
-    return Finished(proc.returncode, text, "", time.monotonic() - start, timed_out)
+    out, _, timed_out = communicate_or_kill(proc, timeout)
+    return Finished(proc.returncode, "".join(earlier) + out, "", time.monotonic() - start,
+                    timed_out)

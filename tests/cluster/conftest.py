@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))
 from hpcddp.emulated import EmulatedCluster, Unavailable  # noqa: E402
 
 NAME = "hdtest"  # also in the Makefile's test-cluster target
@@ -37,7 +38,6 @@ def healthy(cluster):
 @pytest.fixture(scope="session")
 def slurm_nodes(cluster):
     """A real Slurm on the emulated nodes: slurmctld on the bridge, a slurmd in each node."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))
     from cluster import SlurmCluster, Unavailable as NoSlurm
 
     try:

@@ -9,21 +9,11 @@ import time
 import pytest
 
 from cluster_util import ROOT
+from slurm_util import final_result as _final, read_log
 
 # The ranks' traffic crosses the links, not shared memory (see the README's Many nodes).
 ENV = {"PYTHON": sys.executable, "UCX_TLS": "tcp,self"}
 NODES = ["--nodes=2", "--ntasks-per-node=2"]
-
-
-def _read(path):
-    return path.read_text(errors="replace") if path.exists() else ""
-
-
-def _final(text):
-    accuracy = re.search(r"^world_size=(\d+) test_accuracy=([\d.]+)$", text, re.M)
-    digest = re.search(r"^parameters_sha256=(\w+)$", text, re.M)
-    return accuracy and (int(accuracy.group(1)), float(accuracy.group(2))), \
-        digest and digest.group(1)
 
 
 @pytest.fixture
@@ -39,7 +29,7 @@ def submit(slurm_nodes, tmp_path):
 def test_two_node_job_trains_across_nodes(slurm_nodes, submit, tmp_path):
     job, log = submit("--run-dir", tmp_path / "run", "--epochs", "12")
     info = slurm_nodes.wait(job, timeout=400)
-    text = _read(log)
+    text = read_log(log)
     assert info["JobState"] == "COMPLETED", text[-3000:]
     assert info["NodeList"] == "hdtest-n[1-2]", info
     (size, accuracy), _ = _final(text)
@@ -52,12 +42,12 @@ def test_preemption_requeues_once_and_resumes_identically(slurm_nodes, submit, t
     epochs = ["--epochs", "40"]
     job, log = submit("--run-dir", tmp_path / "preempted", *epochs, log="preempted.out")
     deadline = time.monotonic() + 240
-    while "epoch 3:" not in _read(log):
-        assert time.monotonic() < deadline, _read(log)[-2000:]
+    while "epoch 3:" not in read_log(log):
+        assert time.monotonic() < deadline, read_log(log)[-2000:]
         time.sleep(0.2)
     slurm_nodes.run("scancel", "--batch", "--signal=USR1", str(job))
     info = slurm_nodes.wait(job, timeout=600)
-    text = _read(log)
+    text = read_log(log)
     assert info["JobState"] == "COMPLETED", text[-3000:]
     assert info["Restarts"] == "1"
     for rank in range(4):  # ranks 2 and 3 sit on the other node
@@ -68,7 +58,7 @@ def test_preemption_requeues_once_and_resumes_identically(slurm_nodes, submit, t
     reference, ref_log = submit("--run-dir", tmp_path / "uninterrupted", *epochs,
                                 log="uninterrupted.out")
     assert slurm_nodes.wait(reference, timeout=400)["JobState"] == "COMPLETED"
-    assert _final(text) == _final(_read(ref_log))
+    assert _final(text) == _final(read_log(ref_log))
     assert _final(text)[1] is not None
 
 
@@ -78,7 +68,7 @@ def test_srun_without_pmi_is_refused_on_every_task(slurm_nodes, tmp_path):
                              f"srun --mpi=none -N 2 -n 4 {sys.executable} "
                              f"tests/jobs/scripts/show_world.py", env=ENV)
     info = slurm_nodes.wait(job, timeout=180)
-    text = _read(log)
+    text = read_log(log)
     assert info["JobState"] == "FAILED", text
     assert text.count("MPI world size is 1 but SLURM_STEP_NUM_TASKS=4") == 4, text
     assert "srun --mpi=pmi2" in text

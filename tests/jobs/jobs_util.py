@@ -47,11 +47,18 @@ def run_command(command, env=None, timeout=120, cwd=ROOT):
     start = time.monotonic()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=clean_env(env), cwd=cwd, start_new_session=True)
-    timed_out = False
+    stdout, stderr, timed_out = communicate_or_kill(proc, timeout)
+    return Finished(proc.returncode, stdout, stderr, time.monotonic() - start, timed_out)
+
+
+def communicate_or_kill(proc, timeout):
+    """``proc.communicate()``; after ``timeout`` s its whole process group is killed
+    first (killing only mpiexec would leave its ranks spinning). (stdout, stderr,
+    timed out)."""
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
+        return stdout, stderr, False
     except subprocess.TimeoutExpired:
-        timed_out = True
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
-    return Finished(proc.returncode, stdout, stderr, time.monotonic() - start, timed_out)
+        return stdout, stderr, True

@@ -5,14 +5,7 @@ import re
 import sys
 import time
 
-from slurm_util import ROOT, read_log
-
-
-def _final(text):
-    accuracy = re.search(r"^world_size=(\d+) test_accuracy=([\d.]+)$", text, re.M)
-    digest = re.search(r"^parameters_sha256=(\w+)$", text, re.M)
-    return accuracy and (int(accuracy.group(1)), float(accuracy.group(2))), \
-        digest and digest.group(1)
+from slurm_util import ROOT, final_result as _final, read_log
 
 
 def test_submit_trains_to_accuracy(slurm, submit, tmp_path):
