@@ -9,9 +9,9 @@ median of ``--repeats`` with the spread (min, max); each figure is the slowest r
 
 Peers: ``torch.save`` + fsync on rank 0; ``torch.load`` of the file on every rank (what a
 torch script does to resume) and on rank 0 alone, and on every rank the same followed by
-the model's and the optimizer's ``load_state_dict`` (which hpcddp's load includes). Also the checksums a corruption check
-could use, each on the state's bytes in memory (blake3 and crc32c with the ``bench``
-extra installed).
+the model's and the optimizer's ``load_state_dict`` (which hpcddp's load includes). Also
+the checksums a corruption check could use, each on the state's bytes in memory (blake3
+and crc32c with the ``bench`` extra installed).
 """
 
 import argparse

@@ -1,8 +1,9 @@
-"""Faults across nodes: a node whose ranks are all killed, a node lost with everything on
-it, a node whose link goes down, and a node whose link is shaped to a crawl, each in the middle of training on two
-nodes x two ranks. Each ends the whole job within HPCDDP_TIMEOUT plus 30 s with a message
-that names the node and its ranks; the last checkpoint stays loadable, and a rerun on the
-healthy cluster resumes from it and ends with the parameters of an uninterrupted run."""
+"""Faults across nodes, each in the middle of training on two nodes x two ranks: a node
+whose ranks are all killed, a node lost with everything on it, a node whose link goes
+down, and a node whose link is shaped to a crawl. Each ends the whole job within
+HPCDDP_TIMEOUT plus 30 s, and a message names the node where anything can (the launcher,
+or hpcddp's watchdog); the last checkpoint stays loadable, and a rerun on the healthy
+cluster resumes from it and ends with the parameters of an uninterrupted run."""
 
 import re
 import time
@@ -53,7 +54,8 @@ def _crawl(cluster, node):
     cluster.shape(node, "8kbit")
 
 
-FAULTS = {"ranks_killed": _ranks_killed, "node_lost": _node_lost, "link_down": _link_down, "link_crawls": _crawl}
+FAULTS = {"ranks_killed": _ranks_killed, "node_lost": _node_lost, "link_down": _link_down,
+          "link_crawls": _crawl}
 
 
 @pytest.mark.parametrize("fault", FAULTS)
