@@ -41,6 +41,8 @@ test-unit: venv tools
 test-slurm: venv
 	$(PYTEST) tests/slurm
 
+# tests/mpi/parallel: FSDP2, tensor parallelism (a 2x2 data x tensor parallel mesh at 4
+# ranks), ZeRO, DCP and pipelining on the hpcddp backend.
 # The DDP and torch.distributed tests run again with hpcddp's ring instead of MPI's
 # Iallreduce (HPCDDP_REDUCE=ring), against the same independent references.
 RING_TESTS := tests/mpi/test_ring.py tests/mpi/test_ddp_vs_single.py tests/mpi/test_ddp_vs_torch.py \
@@ -49,6 +51,7 @@ RING_TESTS := tests/mpi/test_ring.py tests/mpi/test_ddp_vs_single.py tests/mpi/t
 test-mpi: venv
 	$(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m pytest -p hpcddp.testing tests/mpi
 	$(MPI_TIMEOUT) $(MPIEXEC) -n 3 $(PY) -m pytest -p hpcddp.testing tests/mpi
+	$(MPI_TIMEOUT) $(MPIEXEC) -n 4 $(PY) -m pytest -p hpcddp.testing tests/mpi/parallel/test_tensor_parallel.py
 	HPCDDP_REDUCE=ring $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m pytest -p hpcddp.testing $(RING_TESTS)
 	HPCDDP_REDUCE=ring $(MPI_TIMEOUT) $(MPIEXEC) -n 3 $(PY) -m pytest -p hpcddp.testing $(RING_TESTS)
 

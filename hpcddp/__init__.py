@@ -6,7 +6,7 @@ worker that unpickles an ``hpcddp.data.H5Dataset`` never initializes MPI.
 """
 
 from hpcddp.comm.abort import install_early_hook
-from hpcddp.lazy import lazy_names
+from hpcddp.lazy import after_import, lazy_names
 from hpcddp.version import __version__
 
 _PUBLIC = {
@@ -27,3 +27,7 @@ __getattr__, __dir__ = lazy_names(__name__, _PUBLIC)
 # A rank that raises before hpcddp.init() ends the job instead of leaving the others
 # waiting in initialization (hpcddp.comm.abort); this imports no MPI.
 install_early_hook()
+
+# `dist.init_process_group("hpcddp")` works once hpcddp is imported (hpcddp.torch_init):
+# the backend is registered as soon as torch.distributed is, by whoever imports it.
+after_import("torch.distributed", "hpcddp.torch_init:register")

@@ -3,14 +3,17 @@
 Import is not initialization: ``import hpcddp`` must not import torch, h5py or
 ``mpi4py.MPI`` (whose import calls ``MPI_Init``). A package face lists its public names
 with the module each lives in, and this makes the module-level ``__getattr__`` and
-``__dir__`` that import it when the name is first asked for.
+``__dir__`` that import it when the name is first asked for. ``after_import`` runs a
+function of hpcddp's once another package (torch.distributed) has been imported, by
+whoever imports it, without importing it first.
 """
 
 import importlib
+import importlib.abc
 import sys
 from typing import Callable, Dict, Tuple
 
-__all__ = ["lazy_names"]
+__all__ = ["after_import", "lazy_names"]
 
 
 def lazy_names(package: str, public: Dict[str, str]) -> Tuple[Callable, Callable]:
@@ -36,3 +39,52 @@ def lazy_names(package: str, public: Dict[str, str]) -> Tuple[Callable, Callable
         return sorted(set(vars(sys.modules[package])) | set(public))
 
     return __getattr__, __dir__
+
+
+def after_import(module: str, target: str) -> None:
+    """Call ``target`` (``"package.module:function"``) once ``module`` is imported: now
+    if it already is, else right after whoever imports it has finished executing it.
+    """
+    if module in sys.modules:
+        _call(target)
+        return
+    sys.meta_path.insert(0, _AfterImport(module, target))
+
+
+def _call(target: str) -> None:
+    where, name = target.split(":")
+    getattr(importlib.import_module(where), name)()
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: wraps the loader the other finders give ``module``."""
+
+    def __init__(self, module: str, target: str):
+        self.module, self.target = module, target
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.module:
+            return None
+        sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            spec = finder.find_spec(fullname, path, target) \
+                if hasattr(finder, "find_spec") else None
+            if spec is not None and spec.loader is not None:
+                spec.loader = _ThenCall(spec.loader, self.target)
+                return spec
+        return None
+
+
+class _ThenCall(importlib.abc.Loader):
+    def __init__(self, loader, target: str):
+        self._loader, self._target = loader, target
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        _call(self._target)
+
+    def __getattr__(self, name):  # get_resource_reader, is_package, ...
+        return getattr(self._loader, name)

@@ -1,18 +1,26 @@
 """An MPI-backed torch.distributed backend, named ``"hpcddp"``.
 
-torch's pip wheels ship without ``ProcessGroupMPI``. This backend implements the
-collectives torch.distributed scripts use (allreduce, broadcast, allgather,
-reduce_scatter, reduce, gather, scatter, alltoall, barrier, send/recv) as operations of
-a ``hpcddp.transport.Transport``, so ``dist.barrier()``, ``dist.all_reduce(loss)`` and
-torch's own ``DistributedSampler`` work after ``hpcddp.init()`` with no TCP store and no
-ports, and CUDA tensors get the same events and pinned staging as DDP's buckets.
+torch's pip wheels ship without ``ProcessGroupMPI``. This backend implements, as
+operations of a ``hpcddp.transport.Transport``, every collective that
+``torch.distributed.ProcessGroup`` hands a backend (its methods in torch 2.13, and the
+C++ ``PyProcessGroup`` trampoline through which DTensor's functional collectives reach
+a Python group): broadcast; allreduce (dense, and sparse COO as gloo does) and
+allreduce_coalesced; reduce; allgather (equal or unequal parts), all_gather_single and
+their coalesced forms; gather; scatter; reduce_scatter (equal or unequal parts),
+reduce_scatter_single and its coalesced form; all_to_all_single and alltoall;
+barrier; send, recv and recv_anysource with tags. An input that aliases its output, as
+FSDP2 passes them, travels as ``MPI_IN_PLACE`` or is copied first
+(``hpcddp.transport.layout``). What no MPI backend can do is refused with its name:
+``PREMUL_SUM`` (NCCL's), tags beyond the MPI's ``MPI_TAG_UB``; torch itself refuses
+``monitored_barrier`` (gloo's alone) and ``split_group`` without a bound device.
+
+So ``dist.barrier()``, ``dist.all_reduce(loss)``, torch's ``DistributedSampler``, FSDP2,
+tensor parallelism, ZeRO, DCP and pipelining run on MPI with no TCP store and no ports,
+and CUDA tensors get the same events and pinned staging as DDP's buckets.
 
 Work is asynchronous (``hpcddp.work``): a collective returns once its MPI request is
 issued, or queued behind its CUDA producer's event.
 """
-
-from itertools import accumulate
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -21,10 +29,12 @@ from mpi4py import MPI
 from hpcddp.comm import activity, lifetime
 from hpcddp.comm.ops import mpi_op
 from hpcddp.transport import Transfer, Transport
+from hpcddp.transport.layout import (
+    counts_and_displs, in_place_chunk, overlaps, split_counts, unflatten_into, unstack_into)
+from hpcddp.transport.sparse import allreduce_sparse
 from hpcddp.work import RecvWork, Work
 
-__all__ = ["BACKEND", "MPIProcessGroup", "comm_of", "destroy_default_group",
-           "init_default_group", "register_backend"]
+__all__ = ["BACKEND", "MPIProcessGroup"]
 
 BACKEND = "hpcddp"
 
@@ -59,6 +69,7 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
         self.transport = Transport(comm, cuda_aware, reduction=reduction)
         self._where = f"{comm.Get_name()} (rank {comm.rank} of {comm.size})"
         self._owns_comm = owns_comm
+        self._tag_ub = None
         self._opened()
 
     def getBackendName(self):
@@ -99,8 +110,10 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
         red = red.op if hasattr(red, "op") else red
         name = _REDUCE.get(red)
         if name is None:
-            raise ValueError(f"reduce op {opts.reduceOp} is not supported by the hpcddp "
-                             f"backend; use SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR or BXOR")
+            what = str(red).rsplit(".", 1)[-1]
+            raise ValueError(f"reduce op {what} is not supported by the hpcddp backend (NCCL "
+                             f"alone has it); use SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR or "
+                             f"BXOR (for PREMUL_SUM: scale the tensor, then SUM)")
         if red == dist.ReduceOp.AVG and not (tensor.is_floating_point() or tensor.is_complex()):
             raise ValueError(f"ReduceOp.AVG needs a floating-point tensor, got {tensor.dtype}")
         return name, red == dist.ReduceOp.AVG
@@ -121,6 +134,8 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
 
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
+        if any(t.is_sparse for t in tensors):
+            return self._allreduce_sparse(tensors, opts)
         transfers = []
         for tensor in tensors:
             name, avg = self._op_name(opts, tensor)
@@ -130,6 +145,19 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
             transfers.append(self.transport.allreduce(
                 tensor, name, name=f"{_label(f'allreduce ({name})', tensor)} on {self._where}"))
         return self._work(transfers, list(tensors))
+
+    def _allreduce_sparse(self, tensors, opts):
+        """Sparse COO tensors are summed at once (``hpcddp.transport.sparse``), as gloo does."""
+        name, avg = self._op_name(opts, tensors[0])
+        if name != "sum" or len(tensors) != 1:
+            raise ValueError(f"all_reduce of a sparse tensor: the hpcddp backend sums one "
+                             f"sparse tensor at a time (SUM or AVG), got "
+                             f"{len(tensors)} tensors and {name.upper()}")
+        self._check_open()
+        with self.transport.lock:
+            total = allreduce_sparse(self.comm, tensors[0], tensors[0])
+        tensors[0].copy_(total / self.comm.size if avg else total)
+        return self._work([], list(tensors))
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts or dist.AllreduceCoalescedOptions())
@@ -160,17 +188,39 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
         return self._work(transfers, list(tensors))
 
     def _allgather_one(self, output, tensor, then=None):
-        transfer = self._submit(_label("allgather", tensor), [(tensor, True, False),
-                                                              (output, False, True)],
-                                lambda src, dst: self.comm.Iallgather(src.buf, dst.buf))
+        label = _label("allgather", tensor)
+        if in_place_chunk(output, tensor, self.comm.rank):
+            # FSDP2 gathers each rank's shard from its own place in the output.
+            transfer = self._submit(label, [(output, True, True)],
+                                    lambda dst: self.comm.Iallgather(MPI.IN_PLACE, dst.buf))
+        else:
+            if overlaps(output, tensor):
+                tensor = tensor.clone()
+            transfer = self._submit(label, [(tensor, True, False), (output, False, True)],
+                                    lambda src, dst: self.comm.Iallgather(src.buf, dst.buf))
         return transfer.then(then) if then else transfer
+
+    def _allgather_uneven(self, outputs, tensor):
+        """``all_gather`` into parts of different sizes (MPI's ``Iallgatherv``)."""
+        counts = counts_and_displs([t.numel() for t in outputs])
+        flat = tensor.new_empty(sum(counts[0]))
+        transfer = self._submit(_label("allgather (uneven)", tensor),
+                                [(tensor, True, False), (flat, False, True)],
+                                lambda src, dst: self.comm.Iallgatherv(src.buf, [dst.buf, counts]),
+                                call=f"allgather (uneven) of {str(tensor.dtype)[6:]}")
+        return transfer.then(lambda: unflatten_into(flat, outputs))
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         transfers = []
         for outputs, tensor in zip(output_tensors, input_tensors):
-            gathered = tensor.new_empty((self.comm.size,) + tuple(tensor.shape))
+            # Decided on what every rank sees alike (the parts' sizes): MPI's allgather
+            # and allgatherv do not match each other.
+            if len({out.numel() for out in outputs}) > 1:
+                transfers.append(self._allgather_uneven(outputs, tensor))
+                continue
+            gathered = tensor.new_empty(self.comm.size * tensor.numel())
             transfers.append(self._allgather_one(
-                gathered, tensor, lambda o=outputs, g=gathered: _unstack(g, o)))
+                gathered, tensor, lambda o=outputs, g=gathered: unflatten_into(g, o)))
         return self._work(transfers, [t for outs in output_tensors for t in outs])
 
     def _allgather_base(self, output, input, opts=None):
@@ -180,10 +230,22 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
         return self._work([self._allgather_one(o, i) for o, i in zip(outputs, inputs)],
                           list(outputs))
 
-    def _reduce_scatter_one(self, output, tensor, opts):
+    def _reduce_scatter_one(self, output, tensor, opts, counts=None):
+        """Reduce ``tensor`` and scatter it in equal parts, or in parts of ``counts``
+        elements (MPI's ``Ireduce_scatter``)."""
         name, avg = self._op_name(opts, tensor)
         if avg:
             tensor = tensor / self.comm.size
+        elif overlaps(output, tensor):
+            tensor = tensor.clone()
+        if counts is not None:
+            def uneven(src, dst):
+                return self.comm.Ireduce_scatter(src.buf, dst.buf, counts,
+                                                 op=mpi_op(name, dst.kind))
+            return self._submit(_label(f"reduce_scatter ({name}, uneven)", output),
+                                [(tensor, True, False), (output, False, True)], uneven,
+                                call=f"reduce_scatter ({name}, uneven) of "
+                                     f"{str(tensor.dtype)[6:]}")
 
         def issue(src, dst):
             return self.comm.Ireduce_scatter_block(src.buf, dst.buf, op=mpi_op(name, dst.kind))
@@ -192,8 +254,12 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.ReduceScatterOptions()
-        transfers = [self._reduce_scatter_one(out, torch.stack(list(ins)), opts)
-                     for out, ins in zip(output_tensors, input_tensors)]
+        transfers = []
+        for out, ins in zip(output_tensors, input_tensors):
+            flat = torch.cat([t.reshape(-1) for t in ins])
+            counts = [t.numel() for t in ins]
+            transfers.append(self._reduce_scatter_one(
+                out, flat, opts, counts if len(set(counts)) > 1 else None))
         return self._work(transfers, list(output_tensors))
 
     def _reduce_scatter_base(self, output, input, opts=None):
@@ -216,7 +282,7 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
         gathered = tensor.new_empty((self.comm.size,) + tuple(tensor.shape))
         transfer = self._submit(label, [(tensor, True, False), (gathered, False, True)],
                                 lambda src, dst: self.comm.Igather(src.buf, dst.buf, root=root))
-        transfer.then(lambda: _unstack(gathered, output_tensors[0]))
+        transfer.then(lambda: unstack_into(gathered, output_tensors[0]))
         return self._work([transfer], list(output_tensors[0]))
 
     def scatter(self, output_tensors, input_tensors, opts=None):
@@ -237,8 +303,8 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
             def issue(src, dst):
                 return self.comm.Ialltoall(src.buf, dst.buf)
         else:
-            send = _counts(input, input_split_sizes, self.comm.size)
-            recv = _counts(output, output_split_sizes, self.comm.size)
+            send = split_counts(input, input_split_sizes, self.comm.size)
+            recv = split_counts(output, output_split_sizes, self.comm.size)
 
             def issue(src, dst):
                 return self.comm.Ialltoallv([src.buf, send], [dst.buf, recv])
@@ -249,24 +315,33 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
         return self._work([transfer], [output])
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        sizes = [t.numel() for t in input_tensors]
+        send = counts_and_displs([t.numel() for t in input_tensors])
+        recv = counts_and_displs([t.numel() for t in output_tensors])
         flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
-        flat_out = flat_in.new_empty(sum(t.numel() for t in output_tensors))
-        recv_sizes = [t.numel() for t in output_tensors]
+        flat_out = flat_in.new_empty(sum(recv[0]))
 
         def issue(src, dst):
-            return self.comm.Ialltoallv([src.buf, (sizes, _displs(sizes))],
-                                        [dst.buf, (recv_sizes, _displs(recv_sizes))])
+            return self.comm.Ialltoallv([src.buf, send], [dst.buf, recv])
         transfer = self._submit(_label("all_to_all", flat_in),
                                 [(flat_in, True, False), (flat_out, False, True)], issue,
                                 call=f"all_to_all of {str(flat_in.dtype)[6:]}")
-        transfer.then(lambda: _unflatten(flat_out, output_tensors))
+        transfer.then(lambda: unflatten_into(flat_out, output_tensors))
         return self._work([transfer], list(output_tensors))
 
     def barrier(self, opts=None):
         return self._work([self._submit("barrier", [], lambda: self.comm.Ibarrier())], [])
 
+    def _check_tag(self, tag, what):
+        """MPI tags run from 0 to the MPI's ``MPI_TAG_UB`` (at least 32767); refuse others
+        here rather than with MPI's 'Invalid tag'."""
+        if self._tag_ub is None:
+            self._tag_ub = self.comm.Get_attr(MPI.TAG_UB)
+        if not 0 <= tag <= self._tag_ub:
+            raise ValueError(f"{what} with tag={tag}: this MPI's tags run from 0 to "
+                             f"{self._tag_ub} (MPI_TAG_UB); use a tag in that range")
+
     def send(self, tensors, dstRank, tag):
+        self._check_tag(tag, f"send to rank {dstRank}")
         transfers = [self._submit(_label(f"send to rank {dstRank}", t), [(t, True, False)],
                                   lambda b: self.comm.Isend(b.buf, dest=dstRank, tag=tag),
                                   call=None)
@@ -274,6 +349,7 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
         return self._work(transfers, list(tensors))
 
     def recv(self, tensors, srcRank, tag):
+        self._check_tag(tag, f"receive from rank {srcRank}")
         transfers = [self._submit(_label(f"receive from rank {srcRank}", t),
                                   [(t, False, True)],
                                   lambda b: self.comm.Irecv(b.buf, source=srcRank, tag=tag),
@@ -282,6 +358,7 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
         return self._work(transfers, list(tensors))
 
     def recv_anysource(self, tensors, tag):
+        self._check_tag(tag, "receive from any rank")
         status = MPI.Status()
 
         def issue(b):
@@ -317,81 +394,3 @@ class _StatusRequest:
 
     def Wait(self):  # noqa: N802
         return self._request.Wait(self._status)
-
-
-def _unstack(stacked, outputs):
-    for out, part in zip(outputs, stacked.unbind(0)):
-        out.copy_(part)
-
-
-def _unflatten(flat, outputs):
-    offset = 0
-    for out in outputs:
-        out.copy_(flat[offset:offset + out.numel()].view_as(out))
-        offset += out.numel()
-
-
-def _displs(counts):
-    return [0] + list(accumulate(counts))[:-1]
-
-
-def _counts(tensor, split_sizes, size):
-    """Element counts and displacements for an alltoallv split along dim 0."""
-    rows = list(split_sizes) if split_sizes else [tensor.shape[0] // size] * size
-    per_row = tensor[0].numel() if tensor.dim() > 0 and tensor.shape[0] else 1
-    counts = [r * per_row for r in rows]
-    return (counts, _displs(counts))
-
-
-def comm_of(group):
-    """Return the mpi4py communicator behind an hpcddp process group (None: the default)."""
-    group = group if group is not None else dist.group.WORLD
-    backend = group
-    if not isinstance(group, MPIProcessGroup):
-        try:
-            backend = group._get_backend(torch.device("cpu"))
-        except RuntimeError:
-            backend = None
-    if not isinstance(backend, MPIProcessGroup):
-        raise TypeError(f"process group {group!r} is not an hpcddp (MPI) group; pass an "
-                        f"mpi4py communicator or a group created after hpcddp.init()")
-    return backend.comm
-
-
-def register_backend(world_provider: Callable[[], object]) -> None:
-    """Make ``"hpcddp"`` a torch.distributed backend whose groups come from the world
-    that ``world_provider()`` returns (``hpcddp.runtime`` passes its own)."""
-    def create(options, _pg_options):
-        world = world_provider()
-        ranks = list(options.global_ranks_in_group or [])
-        if not ranks or ranks == list(range(world.size)):
-            comm = world.comm.Dup()
-        else:
-            comm = world.comm.Create_group(world.comm.group.Incl(ranks))
-        comm.Set_name(f"hpcddp.torch.{options.group_id}")
-        return MPIProcessGroup(comm, world.cuda_aware, owns_comm=True,
-                               reduction=world.reduction)
-
-    if not hasattr(dist.Backend, BACKEND.upper()):
-        dist.Backend.register_backend(BACKEND, create, extended_api=True,
-                                      devices=["cpu", "cuda"])
-
-
-def init_default_group(world) -> bool:
-    """Initialize torch.distributed's default group on MPI, unless one exists.
-
-    Returns:
-        True if hpcddp initialized it, False if the user already had one.
-    """
-    if dist.is_initialized():
-        return False
-    # A process-local store: ranks find each other through MPI, not through the store.
-    dist.init_process_group(BACKEND, store=dist.HashStore(), rank=world.rank,
-                            world_size=world.size)
-    return True
-
-
-def destroy_default_group() -> None:
-    """Destroy torch.distributed's default group if it is hpcddp's."""
-    if dist.is_initialized() and dist.get_backend() == BACKEND:
-        dist.destroy_process_group()

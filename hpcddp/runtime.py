@@ -1,10 +1,10 @@
 """``init()``, ``get_world()``, ``shutdown()``: the one owner of hpcddp's state in a process.
 
 ``init()`` creates the ``World`` (the library's private communicators, device and
-threads), registers the ``"hpcddp"`` torch.distributed backend and initializes its
-default group, and installs the abort-on-error hook. Everything hpcddp opens on MPI
-afterwards (DDP wrappers, loaders, process groups, the progress thread) registers with
-``hpcddp.comm.lifetime``; ``shutdown()`` closes it all, newest first, and frees the
+threads), initializes torch.distributed's default group on the ``"hpcddp"`` backend
+(``import hpcddp`` registered it: ``hpcddp.torch_init``), and installs the
+abort-on-error hook. Everything hpcddp opens on MPI afterwards (DDP wrappers, loaders,
+process groups, the progress thread) registers with ``hpcddp.comm.lifetime``; ``shutdown()`` closes it all, newest first, and frees the
 world last. ``finalize()`` does the same and then finalizes MPI, for a process that
 must leave MPI before it exits (the preemption path).
 """
@@ -28,8 +28,7 @@ from hpcddp.comm import lifetime  # noqa: E402
 from hpcddp.comm.abort import abort_job, install_abort_hook, uninstall_abort_hook  # noqa: E402
 from hpcddp.comm.topology import MissingRanksError  # noqa: E402
 from hpcddp.comm.watchdog import Watchdog  # noqa: E402
-from hpcddp.process_group import (  # noqa: E402
-    destroy_default_group, init_default_group, register_backend)
+from hpcddp.groups import destroy_default_group, init_default_group  # noqa: E402
 from hpcddp.timeline import connect as connect_timeline, start_timeline  # noqa: E402
 from hpcddp.world import World  # noqa: E402
 
@@ -105,7 +104,6 @@ def init(comm=None, *, torch_group: Optional[bool] = None,
         for message in unknown_settings():
             warnings.warn(message, stacklevel=2)
     _WORLD = world
-    register_backend(_world_for_backend)
     if get_setting("TORCH_GROUP") if torch_group is None else torch_group:
         init_default_group(_WORLD)
     # After torch's group: torch wraps sys.excepthook at init_process_group and buffers

@@ -10,6 +10,7 @@ process a launcher started as one of several ranks.
 """
 
 import faulthandler
+import io
 import multiprocessing
 import os
 import socket
@@ -40,6 +41,10 @@ def abort_job(comm, message: str, exc_info=None, code: int = 1, detail: str = ""
     line marked by the rank, wait ``grace`` seconds, then abort ``comm``: the launcher
     ends every rank."""
     head = f"hpcddp: rank {comm.rank} of {comm.size} on {socket.gethostname()}: {message}"
+    if isinstance(sys.stderr, io.StringIO):
+        # torch's init_process_group wraps sys.excepthook in one that collects what the
+        # hook it wraps prints and prints it after that returns; an abort never returns.
+        sys.stderr = sys.__stderr__
     try:
         sys.stdout.flush()
         text = "".join(traceback.format_exception(*exc_info)) if exc_info else detail

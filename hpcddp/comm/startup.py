@@ -57,7 +57,8 @@ def refuse_in_child() -> None:
     if (parent is None and not inheriting) or rank == "this rank":
         return
     sys.stderr.write(
-        f"hpcddp: hpcddp.init() ran in a process that multiprocessing started from {rank} "
+        f"hpcddp: hpcddp.init() or init_process_group(\"hpcddp\") ran in a process that "
+        f"multiprocessing started from {rank} "
         f"(pid {os.getpid()}): a child process must not join the MPI job. A 'spawn' or "
         f"'forkserver' child (a DataLoader worker) imports the training script again; put "
         f"the script's training code under `if __name__ == \"__main__\":`.\n")

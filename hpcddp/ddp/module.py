@@ -19,7 +19,7 @@ from hpcddp.ddp.reducer import Reducer
 from hpcddp.ddp.sparse import sparse_parameters
 from hpcddp.ddp.sync import broadcast_tensors, verify_same_parameters
 from hpcddp.env import get_setting
-from hpcddp.process_group import comm_of
+from hpcddp.groups import comm_of
 from hpcddp.runtime import get_world
 from hpcddp.transport import Transport
 

@@ -1,21 +1,17 @@
 """Sparse gradients (``nn.Embedding(sparse=True)``): reduced apart from the buckets.
 
 A sparse gradient's rows differ from rank to rank, so it cannot share a flat bucket.
-Each rank's coalesced gradient is allgathered (row indices, then values) and summed into
-one coalesced sparse tensor, divided as the dense buckets are: torch's DDP gives each
-sparse parameter a bucket of its own and reduces it the same way. The message sizes
-differ per rank, so the counts travel first. Gradients on a GPU travel through host
-memory.
+The ranks' gradients are summed by ``hpcddp.transport.sparse`` into one coalesced sparse
+tensor, divided as the dense buckets are: torch's DDP gives each sparse parameter a
+bucket of its own and reduces it the same way.
 """
 
 from typing import List, Optional
 
-import numpy as np
 import torch
 from torch import nn
 
-from hpcddp.comm import activity
-from hpcddp.transport.routes import host_array
+from hpcddp.transport.sparse import allreduce_sparse as sum_sparse
 
 __all__ = ["allreduce_sparse", "sparse_parameters"]
 
@@ -34,26 +30,5 @@ def allreduce_sparse(comm, grad: Optional[torch.Tensor], like: torch.Tensor,
 
     .. warning:: Collective, blocking.
     """
-    if grad is not None:
-        grad = grad.coalesce().cpu()
-        indices, values = grad.indices().contiguous(), grad.values().contiguous()
-    else:
-        indices = torch.empty((1, 0), dtype=torch.int64)
-        values = torch.empty((0,) + tuple(like.shape[1:]), dtype=like.dtype)
-    with activity.blocking("sparse gradient sizes", comm):
-        everyone = comm.allgather((indices.shape[1], grad is not None))
-    if not any(has for _, has in everyone):
-        return None
-    counts = [count for count, _ in everyone]
-    all_indices = torch.empty(sum(counts), dtype=torch.int64)
-    with activity.blocking("sparse gradient indices", comm):
-        comm.Allgatherv(host_array(indices.reshape(-1))[0],
-                        [host_array(all_indices)[0], counts])
-    row = int(np.prod(like.shape[1:], dtype=np.int64))
-    all_values = torch.empty((sum(counts),) + tuple(like.shape[1:]), dtype=like.dtype)
-    with activity.blocking("sparse gradient values", comm):
-        comm.Allgatherv(host_array(values.reshape(-1))[0],
-                        [host_array(all_values.reshape(-1))[0], [c * row for c in counts]])
-    total = torch.sparse_coo_tensor(all_indices.unsqueeze(0), all_values, like.shape,
-                                    check_invariants=True)
-    return (total.coalesce() / divisor).to(like.device)
+    total = sum_sparse(comm, grad, like)
+    return None if total is None else total / divisor

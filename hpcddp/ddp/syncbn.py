@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from hpcddp.comm import lifetime
-from hpcddp.process_group import comm_of
+from hpcddp.groups import comm_of
 from hpcddp.runtime import get_world
 from hpcddp.transport import Transport
 

@@ -4,12 +4,14 @@ cause and the fix, not MPICH's PMI stack; fork workers, which never run init(), 
 
 import pytest
 
-LINE = "hpcddp: hpcddp.init() ran in a process that multiprocessing started"
+LINE = ("hpcddp: hpcddp.init() or init_process_group(\"hpcddp\") ran in a process that "
+        "multiprocessing started")
 
 
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
-def test_unguarded_script_with_spawned_workers_ends_with_one_line(run_job, method):
-    job = run_job(["tests/jobs/scripts/unguarded_workers.py", method], n=2, timeout=120,
+@pytest.mark.parametrize("method, how", [("spawn", "hpcddp"), ("forkserver", "hpcddp"),
+                                         ("spawn", "torch")])
+def test_unguarded_script_with_spawned_workers_ends_with_one_line(run_job, method, how):
+    job = run_job(["tests/jobs/scripts/unguarded_workers.py", method, how], n=2, timeout=120,
                   env={"HPCDDP_TIMEOUT": "20"})
     assert not job.timed_out, job.output[-3000:]
     assert job.returncode != 0
@@ -22,7 +24,8 @@ def test_unguarded_script_with_spawned_workers_ends_with_one_line(run_job, metho
 
 
 def test_fork_workers_after_init_are_not_refused(run_job):
-    job = run_job(["tests/jobs/scripts/unguarded_workers.py", "fork"], n=2, timeout=120)
+    job = run_job(["tests/jobs/scripts/unguarded_workers.py", "fork", "hpcddp"], n=2,
+                  timeout=120)
     assert job.returncode == 0, job.output[-3000:]
     assert LINE not in job.stderr
     assert job.stdout.count("total=28") == 2

@@ -1,0 +1,151 @@
+"""``dist.init_process_group("hpcddp")`` as a torch user writes it, under mpiexec or srun.
+
+``import hpcddp`` registers the ``"hpcddp"`` backend with torch.distributed (at once if
+torch.distributed is imported, else the moment it is: ``hpcddp.lazy.after_import``).
+Frameworks and scripts written for torchrun then reach it the usual way: Lightning's
+``DDPStrategy(process_group_backend="hpcddp")``, Accelerate, a script's own
+``dist.init_process_group(backend="hpcddp")``.
+
+torch's default ``env://`` rendezvous wants ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+``MASTER_PORT``, and builds a TCP store on that port. An MPI job has none of them, and
+needs none: rank and size come from MPI. For the ``hpcddp`` backend the ``env://``
+rendezvous is answered from MPI instead (``hpcddp.init(torch_group=False)``, then a
+process-local store): no variables, no port. A rank or world size that a framework
+passes (Lightning's ``MPIEnvironment`` passes both, and sets its own ``MASTER_ADDR``) is
+checked against MPI's. Other backends keep torch's rendezvous untouched.
+
+``hpcddp.init()`` and ``init_process_group("hpcddp")`` give the same world, called in
+either order: after ``hpcddp.init()`` has made the default group, a later
+``init_process_group("hpcddp")`` through ``torch.distributed`` finds it and returns.
+"""
+
+import functools
+import importlib
+import os
+import sys
+from urllib.parse import parse_qs, urlparse
+
+import torch.distributed as dist
+
+from hpcddp.env import ConfigError
+
+__all__ = ["BACKEND", "names_hpcddp", "register"]
+
+# hpcddp.process_group.BACKEND, not imported here: that module starts MPI, and
+# registering must not (a spawned DataLoader worker imports hpcddp too).
+BACKEND = "hpcddp"
+
+_state = {}
+
+
+def _load(module: str):
+    # hpcddp.runtime and hpcddp.groups start MPI when imported: only once a group
+    # is really asked for.
+    return importlib.import_module(module)
+
+
+def _create_group(options, _pg_options):
+    world = _load("hpcddp.runtime")._world_for_backend()
+    return _load("hpcddp.groups").group_for(world, options)
+
+
+def register() -> None:
+    """Make ``"hpcddp"`` a torch.distributed backend with its MPI rendezvous. Idempotent;
+    starts no MPI."""
+    if _state.get("registered"):
+        return
+    _state["registered"] = True
+    if not hasattr(dist.Backend, BACKEND.upper()):
+        dist.Backend.register_backend(BACKEND, _create_group, extended_api=True,
+                                      devices=["cpu", "cuda"])
+    # (torch.distributed's own name "rendezvous" is the function, not the module.)
+    handlers = sys.modules["torch.distributed.rendezvous"]._rendezvous_handlers
+    handlers["env"] = functools.partial(_env_rendezvous, handlers["env"])
+    wrapped = _init_once(dist.distributed_c10d.init_process_group)
+    dist.init_process_group = dist.distributed_c10d.init_process_group = wrapped
+
+
+def names_hpcddp(backend) -> bool:
+    """Whether a backend string asks for hpcddp on every device ("hpcddp",
+    "cpu:hpcddp,cuda:hpcddp")."""
+    if backend is None:
+        return False
+    parts = [part.split(":")[-1].strip().lower() for part in str(backend).split(",")]
+    return bool(parts) and all(part == BACKEND for part in parts)
+
+
+def _requested_backend():
+    """The backend of the ``init_process_group`` call this rendezvous runs for.
+
+    torch hands a rendezvous handler the URL alone. The handler is a generator that
+    ``init_process_group`` itself advances, so that call is a frame or two above.
+    """
+    frame = sys._getframe(1)
+    for _ in range(6):
+        if frame is None:
+            break
+        if (frame.f_code.co_name == "init_process_group"
+                and frame.f_globals.get("__name__") == dist.distributed_c10d.__name__):
+            return frame.f_locals.get("backend")
+        frame = frame.f_back
+    return None
+
+
+def _env_rendezvous(torch_env, url, *args, **kwargs):
+    if not names_hpcddp(_requested_backend()):
+        yield from torch_env(url, *args, **kwargs)
+        return
+    query = {key: values[-1] for key, values in parse_qs(urlparse(url).query).items()}
+    world = _load("hpcddp.runtime").init(torch_group=False)
+    _check_given(world, query.get("rank", os.environ.get("RANK")),
+                 query.get("world_size", os.environ.get("WORLD_SIZE")))
+    # Ranks find each other through MPI; the store is this process's alone.
+    yield (dist.HashStore(), world.rank, world.size)
+    raise RuntimeError("hpcddp's rendezvous cannot be repeated: the MPI job is fixed")
+
+
+def _check_given(world, rank, world_size) -> None:
+    """Refuse, on every rank, a rank or world size that differs from MPI's.
+
+    .. warning:: Collective.
+    """
+    given = [(name, value, mine) for name, value, mine in
+             (("rank", rank, world.rank), ("world_size", world_size, world.size))
+             if value not in (None, "", "-1") and int(value) != mine]
+    everyone = world.comm.allgather(given)
+    wrong = [(r, g) for r, g in enumerate(everyone) if g]
+    if wrong:
+        rank_of, said = wrong[0]
+        what = ", ".join(f"{name}={value} (MPI: {mine})" for name, value, mine in said)
+        raise ConfigError(
+            f"init_process_group(backend='hpcddp') was given {what} on rank {rank_of} "
+            f"({len(wrong)} rank(s) disagree with MPI): the hpcddp backend takes rank and "
+            f"world size from MPI. Pass none, or MPI's (RANK/WORLD_SIZE set by another "
+            f"launcher than this job's?)")
+
+
+def _init_once(torch_init):
+    """``init_process_group`` that returns at once when asked for hpcddp's default
+    group and hpcddp already made it (``hpcddp.init()`` ran first)."""
+    if getattr(torch_init, "_hpcddp_wrapped", False):
+        return torch_init
+
+    @functools.wraps(torch_init)
+    def init_process_group(backend=None, *args, **kwargs):
+        default = dist.distributed_c10d._world.default_pg
+        if default is not None and names_hpcddp(backend) and _is_hpcddp(default):
+            world = _load("hpcddp.runtime").get_world()
+            _check_given(world, kwargs.get("rank"), kwargs.get("world_size"))
+            return None
+        return torch_init(backend, *args, **kwargs)
+
+    init_process_group._hpcddp_wrapped = True
+    return init_process_group
+
+
+def _is_hpcddp(group) -> bool:
+    try:
+        _load("hpcddp.groups").comm_of(group)
+    except TypeError:
+        return False
+    return True
