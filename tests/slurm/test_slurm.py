@@ -5,6 +5,8 @@ import re
 import sys
 import time
 
+import torch
+
 from slurm_util import ROOT, final_result as _final, read_log
 
 
@@ -63,3 +65,24 @@ def test_serial_command_inside_a_multitask_job_runs(slurm, tmp_path):
                        f"{sys.executable} tests/jobs/scripts/show_world.py")
     assert slurm.wait(job, timeout=120)["JobState"] == "COMPLETED", read_log(log)
     assert "rank=0 size=1" in read_log(log)
+
+
+def test_lightning_under_srun_on_hpcddp_ends_as_on_gloo(slurm, tmp_path):
+    """Lightning's SLURMEnvironment passes rank, world size and its own MASTER_ADDR to
+    init_process_group("hpcddp"): the job trains as the same job does on gloo."""
+    finals = {}
+    for backend in ("gloo", "hpcddp"):
+        log = tmp_path / f"lightning-{backend}.out"
+        job = slurm.sbatch("-N", "1", "--ntasks-per-node", "2", "--chdir", ROOT, "--output",
+                           log, "--wrap", f"srun --mpi=pmi2 {sys.executable} "
+                           f"tests/jobs/scripts/lightning_train.py {backend} lightning-init "
+                           f"{tmp_path}")
+        info = slurm.wait(job, timeout=240)
+        text = read_log(log)
+        assert info["JobState"] == "COMPLETED", text[-3000:]
+        assert text.count(f"backend {backend} world 2 cluster SLURMEnvironment") == 2, text
+        finals[backend] = [torch.load(tmp_path / f"{backend}-lightning-init-rank{r}.pt")
+                           ["final"] for r in (0, 1)]
+    for ours in finals["hpcddp"]:
+        for key, value in finals["gloo"][0].items():
+            torch.testing.assert_close(ours[key], value, rtol=1e-6, atol=1e-7, msg=key)
