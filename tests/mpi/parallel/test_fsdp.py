@@ -128,3 +128,21 @@ def test_fsdp2_full_state_dict_on_rank0(world):
     else:
         assert full == {}
     assert MPI.COMM_WORLD.allreduce(1) == world.size
+
+
+def test_fsdp1_on_cpu_matches_single_process(world):
+    """FSDP1 (``FullyShardedDataParallel``), each block wrapped, on CPU."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    from parallel_models import Block
+
+    data = batches()
+    ref = train_single(make_net(), data, _adam)
+    model = FSDP(make_net(), device_id=torch.device("cpu"), use_orig_params=True,
+                 auto_wrap_policy=ModuleWrapPolicy({Block}))
+    _train(model, data, _adam(model.parameters()), world.rank, world.size)
+    with FSDP.summon_full_params(model):
+        ours = {name.replace("_fsdp_wrapped_module.", ""): p.detach().clone()
+                for name, p in model.named_parameters()}
+    assert_states_close(ours, dict(ref.named_parameters()), **FP32)
