@@ -30,7 +30,8 @@ from hpcddp.comm import activity, lifetime
 from hpcddp.comm.ops import mpi_op
 from hpcddp.transport import Transfer, Transport
 from hpcddp.transport.layout import (
-    counts_and_displs, in_place_chunk, overlaps, split_counts, unflatten_into, unstack_into)
+    check_parts, counts_and_displs, in_place_chunk, overlaps, split_counts, unflatten_into,
+    unstack_into)
 from hpcddp.transport.sparse import allreduce_sparse
 from hpcddp.work import RecvWork, Work
 
@@ -189,6 +190,7 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
 
     def _allgather_one(self, output, tensor, then=None):
         label = _label("allgather", tensor)
+        check_parts("all_gather_into_tensor", "output", output, "input", tensor, self.comm.size)
         if in_place_chunk(output, tensor, self.comm.rank):
             # FSDP2 gathers each rank's shard from its own place in the output.
             transfer = self._submit(label, [(output, True, True)],
@@ -233,6 +235,9 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
     def _reduce_scatter_one(self, output, tensor, opts, counts=None):
         """Reduce ``tensor`` and scatter it in equal parts, or in parts of ``counts``
         elements (MPI's ``Ireduce_scatter``)."""
+        if counts is None:
+            check_parts("reduce_scatter_tensor", "input", tensor, "output", output,
+                         self.comm.size)
         name, avg = self._op_name(opts, tensor)
         if avg:
             tensor = tensor / self.comm.size

@@ -15,7 +15,7 @@ from typing import List, Sequence, Tuple
 
 import torch
 
-__all__ = ["counts_and_displs", "displs", "in_place_chunk", "overlaps", "split_counts",
+__all__ = ["check_parts", "counts_and_displs", "displs", "in_place_chunk", "overlaps", "split_counts",
            "unflatten_into", "unstack_into"]
 
 
@@ -71,3 +71,13 @@ def unflatten_into(flat: torch.Tensor, outputs: Sequence[torch.Tensor]) -> None:
     for out in outputs:
         out.copy_(flat[offset:offset + out.numel()].view_as(out))
         offset += out.numel()
+
+
+def check_parts(call, whole_name, whole, part_name, part, size):
+    """Refuse a whole that is not ``size`` parts (MPI would fail with a count error)."""
+    if whole.numel() != part.numel() * size or whole.dtype != part.dtype:
+        raise ValueError(
+            f"{call}: the {whole_name} must hold the group's {size} ranks' {part_name}s of "
+            f"{part.numel()} {str(part.dtype)[6:]} each, {part.numel() * size} elements, but "
+            f"has {whole.numel()} {str(whole.dtype)[6:]}; size the {whole_name} as "
+            f"{part_name}.numel() * group size")

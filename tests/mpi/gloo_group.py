@@ -33,6 +33,12 @@ def make_gloo_group(world):
     # Known to torch.distributed's rank tables, as a group from new_group() would be, so
     # that torch's Join can ask for this rank in it.
     dist.distributed_c10d._world.pg_group_ranks[group] = {r: r for r in range(world.size)}
+    # Named, as new_group() names its groups, so a DeviceMesh can be built on it
+    # (DeviceMesh.from_group) for FSDP2 on gloo.
+    name = f"gloo-reference-{id(group)}"
+    group._set_group_name(name)
+    dist.distributed_c10d._world.pg_names[group] = name
+    dist.distributed_c10d._register_process_group(name, group)
     return group, backend, store
 
 

@@ -169,3 +169,11 @@ def test_sparse_all_reduce_matches_gloo(world, gloo):
 def test_premul_sum_is_refused_with_its_name(world):
     with pytest.raises(ValueError, match="reduce op PREMUL_SUM is not supported by the hpcddp"):
         dist.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0))
+
+
+def test_a_whole_of_the_wrong_size_is_refused_with_the_sizes(world):
+    with pytest.raises(ValueError, match=f"all_gather_into_tensor: the output must hold the "
+                                         f"group's {world.size} ranks' inputs of 2 float32"):
+        dist.all_gather_into_tensor(torch.empty(2 * world.size + 1), torch.ones(2))
+    with pytest.raises(ValueError, match=f"has {2 * world.size - 1} float32"):
+        dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * world.size - 1))
