@@ -25,8 +25,6 @@ import os
 import sys
 from urllib.parse import parse_qs, urlparse
 
-import torch.distributed as dist
-
 from hpcddp.env import ConfigError
 
 __all__ = ["BACKEND", "names_hpcddp", "register"]
@@ -55,6 +53,10 @@ def register() -> None:
     if _state.get("registered"):
         return
     _state["registered"] = True
+    # Imported here, not above: this module must be importable before torch.distributed
+    # (importing that runs register()).
+    import torch.distributed as dist
+
     if not hasattr(dist.Backend, BACKEND.upper()):
         dist.Backend.register_backend(BACKEND, _create_group, extended_api=True,
                                       devices=["cpu", "cuda"])
@@ -80,6 +82,8 @@ def _requested_backend():
     torch hands a rendezvous handler the URL alone. The handler is a generator that
     ``init_process_group`` itself advances, so that call is a frame or two above.
     """
+    import torch.distributed as dist
+
     frame = sys._getframe(1)
     for _ in range(6):
         if frame is None:
@@ -100,7 +104,7 @@ def _env_rendezvous(torch_env, url, *args, **kwargs):
     _check_given(world, query.get("rank", os.environ.get("RANK")),
                  query.get("world_size", os.environ.get("WORLD_SIZE")))
     # Ranks find each other through MPI; the store is this process's alone.
-    yield (dist.HashStore(), world.rank, world.size)
+    yield (sys.modules["torch.distributed"].HashStore(), world.rank, world.size)
     raise RuntimeError("hpcddp's rendezvous cannot be repeated: the MPI job is fixed")
 
 
@@ -132,7 +136,7 @@ def _init_once(torch_init):
 
     @functools.wraps(torch_init)
     def init_process_group(backend=None, *args, **kwargs):
-        default = dist.distributed_c10d._world.default_pg
+        default = sys.modules["torch.distributed.distributed_c10d"]._world.default_pg
         if default is not None and names_hpcddp(backend) and _is_hpcddp(default):
             world = _load("hpcddp.runtime").get_world()
             _check_given(world, kwargs.get("rank"), kwargs.get("world_size"))

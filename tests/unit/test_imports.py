@@ -43,3 +43,29 @@ def test_unknown_name_is_an_attribute_error():
     import hpcddp
     with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
         hpcddp.nonsense
+
+
+@pytest.mark.parametrize("statement", [
+    "import hpcddp\nimport torch.distributed as dist",
+    "import torch.distributed as dist\nimport hpcddp",
+    "import hpcddp\nfrom torch.distributed import init_process_group as ipg\n"
+    "import torch.distributed as dist",
+])
+def test_the_backend_is_registered_whichever_is_imported_first(statement):
+    """`import hpcddp` registers "hpcddp" with torch.distributed, starting no MPI."""
+    code = (f"{statement}\nimport sys\nprint(hasattr(dist.Backend, 'HPCDDP'), "
+            f"'mpi4py.MPI' in sys.modules, dist.init_process_group.__module__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    registered, mpi, where = done.stdout.split()
+    assert (registered, mpi) == ("True", "False"), done.stdout
+    assert where == "torch.distributed.distributed_c10d"  # functools.wraps keeps torch's
+
+
+def test_backend_names():
+    from hpcddp.torch_init import names_hpcddp
+
+    assert names_hpcddp("hpcddp") and names_hpcddp("HPCDDP")
+    assert names_hpcddp("cpu:hpcddp,cuda:hpcddp")
+    assert not names_hpcddp("cpu:gloo,cuda:hpcddp") and not names_hpcddp("gloo")
+    assert not names_hpcddp(None) and not names_hpcddp("undefined")
