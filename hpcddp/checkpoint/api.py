@@ -104,6 +104,7 @@ def save(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
             "scaler": scaler.state_dict() if scaler is not None else None,
             "loader": loader.state_dict() if loader is not None else None,
             "bucket_order": _bucketed(model).bucket_order() if _bucketed(model) else None,
+            "autotune": _bucketed(model).autotune_state() if _bucketed(model) else None,
             "rng": rngs, "extra": extra,
             "comm_hook": hooks if any(h is not None for h in hooks) else None,
         }
@@ -302,6 +303,8 @@ def load(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
     order = state.get("bucket_order")
     if order is not None and _bucketed(model):
         _bucketed(model).rebuild_buckets(order)
+    if _bucketed(model):
+        _bucketed(model).load_autotune_state(state.get("autotune"))
     hooks = state.get("comm_hook")
     if hooks is not None and _bucketed(model):
         same = state["world_size"] == comm.size

@@ -3,7 +3,7 @@
 import warnings
 from contextlib import contextmanager
 
-from typing import Callable, List, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -13,6 +13,7 @@ from torch.distributed.algorithms.join import Join, Joinable
 
 from hpcddp.comm import activity, lifetime, timeline
 from hpcddp.ddp import hooks
+from hpcddp.ddp.autotune import Autotuner, make_autotuner
 from hpcddp.ddp.buckets import DEFAULT_CAP_MB, FIRST_BUCKET_BYTES
 from hpcddp.ddp.join import DDPJoinHook, agree_on_sync, common_rank
 from hpcddp.ddp.reducer import Reducer
@@ -35,6 +36,18 @@ def _resolve_comm(process_group, world):
     if isinstance(process_group, MPI.Comm):
         return process_group
     return comm_of(process_group)
+
+
+def _wants_autotune(bucket_cap_mb) -> bool:
+    """``bucket_cap_mb="auto"``, or ``HPCDDP_AUTOTUNE=1`` (starting from a given cap)."""
+    if isinstance(bucket_cap_mb, str) and bucket_cap_mb != "auto":
+        raise ValueError(f"bucket_cap_mb={bucket_cap_mb!r}: give a number of MiB, None for "
+                         f"torch's 25, or 'auto' to have hpcddp measure and choose")
+    if bucket_cap_mb is not None and not isinstance(bucket_cap_mb, str) and \
+            not bucket_cap_mb > 0:
+        raise ValueError(f"bucket_cap_mb={bucket_cap_mb!r}: a bucket cap must be more than "
+                         f"0 MiB; give e.g. 25, or 'auto'")
+    return bucket_cap_mb == "auto" or get_setting("AUTOTUNE")
 
 
 def _refuse(name, value, default):
@@ -64,7 +77,9 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
         process_group: an mpi4py communicator or a group made after ``hpcddp.init()``;
             the hpcddp world by default.
         bucket_cap_mb: bucket size in MiB; ``None`` means 25, with a 1 MiB first bucket
-            (as in torch, a given cap applies to the first bucket too).
+            (as in torch, a given cap applies to the first bucket too). ``"auto"``:
+            hpcddp measures bucket settings during the first steps and keeps the
+            cheapest (``autotune.py``; ``HPCDDP_AUTOTUNE=1`` does it for any cap).
         find_unused_parameters: parameters may get no gradient in some iterations.
         check_reduction: deprecated in torch; accepted, no effect.
         gradient_as_bucket_view: ``.grad`` tensors are views into the buckets.
@@ -129,8 +144,11 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
             raise RuntimeError("DistributedDataParallel got a module with no parameter that "
                                "requires a gradient; there is nothing to reduce")
         self._buffers_to_sync = [b for b in module.buffers()]
-        cap = DEFAULT_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
-        self.bucket_bytes_cap = int(cap * 1024 * 1024)
+        tune = _wants_autotune(bucket_cap_mb)
+        given = None if bucket_cap_mb in (None, "auto") else bucket_cap_mb
+        cap = DEFAULT_CAP_MB if given is None else given
+        self._cap_bytes = int(cap * 1024 * 1024)
+        self.tuner: Optional[Autotuner] = None
         self.reducer = None
         self._comm = parent.Dup()
         self._control = parent.Dup()
@@ -145,19 +163,26 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
                                        [(n, b) for n, b in module.named_buffers()])
                 broadcast_tensors(self._control_transport, [p.detach() for _, p in named] +
                                   [b.detach() for b in self._buffers_to_sync])
-            self.reducer = Reducer(named, self._comm, self._control, self.bucket_bytes_cap,
+            self.reducer = Reducer(named, self._comm, self._control, self._cap_bytes,
                                    find_unused_parameters, static_graph,
                                    gradient_as_bucket_view, world.cuda_aware,
                                    progress_thread=get_setting("PROGRESS_THREAD"),
                                    staging_chunk_bytes=get_setting("STAGING_CHUNK_KB") << 10,
                                    reduction=world.reduction,
-                                   first_cap_bytes=(FIRST_BUCKET_BYTES if bucket_cap_mb is None
-                                                    else self.bucket_bytes_cap),
+                                   first_cap_bytes=(FIRST_BUCKET_BYTES if given is None
+                                                    else self._cap_bytes),
                                    solo_bytes=get_setting("SOLO_BUCKET_KB") << 10,
                                    sparse=sparse_parameters(module, [p for _, p in named]))
+            if tune and self._comm.size > 1:
+                self.tuner = make_autotuner(self.reducer, self._control, world)
         except BaseException:
             self.close()  # the checks raise on every rank, so this is collective too
             raise
+
+    @property
+    def bucket_bytes_cap(self) -> int:
+        """The bucket cap in bytes (the one the autotuner chose, once it has)."""
+        return self.reducer.cap_bytes if self.reducer is not None else self._cap_bytes
 
     @staticmethod
     def _check_devices(device_ids, output_device):
@@ -203,6 +228,11 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
                                      else int(notified.result()[0].item()))
         if grad and self.require_backward_grad_sync:
             self.reducer.prepare_for_forward()
+            if self.tuner is not None:
+                if self._join_config.enable:
+                    self.tuner.pause()  # a rank that has joined runs no forward
+                else:
+                    self.tuner.before_forward()
         self._sync_buffers(joined=False)
         if self._join_config.enable:
             self._pending.append(agree_on_sync(
@@ -318,6 +348,9 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
         """
         self._check_open()
         self.reducer.set_comm_hook(state, hook)
+        if self.tuner is not None and isinstance(self.reducer.hook, hooks.FutureHook):
+            self.tuner.stop("a comm hook with torch's contract keeps state per bucket "
+                            "(PowerSGD's error feedback), so buckets must not change")
 
     def _register_builtin_comm_hook(self, comm_hook_type) -> None:
         """torch's built-in hooks by type: ``ALLREDUCE`` or ``FP16_COMPRESS``."""
@@ -334,6 +367,19 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
         uninterrupted one.
         """
         return self.reducer.bucket_order()
+
+    def autotune_state(self) -> Optional[dict]:
+        """The bucket setting ``bucket_cap_mb="auto"`` chose and what it was measured on,
+        for ``hpcddp.checkpoint``; None without autotuning or while it searches."""
+        return self.tuner.state() if self.tuner is not None else None
+
+    def load_autotune_state(self, state: Optional[dict]) -> bool:
+        """Take a choice saved by ``autotune_state()`` if it was made on the same world,
+        network and model, instead of searching; return whether it was taken.
+
+        .. warning:: Collective.
+        """
+        return self.tuner.load_state(state) if self.tuner is not None else False
 
     def rebuild_buckets(self, order: Sequence[int]) -> bool:
         """Lay the buckets out for ``order`` (from ``bucket_order()``); return False, and

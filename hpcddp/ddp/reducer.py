@@ -19,7 +19,7 @@ Life of one synchronized backward:
 """
 
 import functools
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -96,6 +96,9 @@ class Reducer:
         self.specs = [ParamSpec(p.numel(), p.element_size(), str(p.dtype), str(p.device))
                       for p in self.params]
         self.trace: Optional[List[tuple]] = None  # set to [] to record hook/launch events
+        # Called with timeline.now() at the first gradient once a synchronized backward
+        # and its communication are done (the autotuner's measure).
+        self.timer: Optional[Callable[[int], None]] = None
         self._can_rebuild = static_graph or not find_unused_parameters
         self._ready_order: Optional[List[int]] = [] if self._can_rebuild else None
         self._rebuild_order: Optional[List[int]] = None
@@ -151,6 +154,21 @@ class Reducer:
         """Lay the buckets out again for ``order``, e.g. one saved in a checkpoint."""
         self._build(list(order))
         self._ready_order = None
+
+    def retune(self, reduction: str, cap_bytes: int, first_cap_bytes: int,
+               solo_bytes: int) -> None:
+        """Reduce with ``reduction`` and lay the buckets out again with these caps, in the
+        present bucket order. Between backwards only: gradients in flight keep theirs.
+
+        .. warning:: Collective, at the same step on every rank (``autotune.py``).
+        """
+        if self.transport.pending() or any(b.handle is not None for b in self.buckets):
+            raise RuntimeError("Reducer.retune during a backward: buckets change only "
+                               "between steps")
+        self.transport.use_reduction(reduction)
+        self.cap_bytes, self.first_cap_bytes, self.solo_bytes = \
+            cap_bytes, first_cap_bytes, solo_bytes
+        self.rebuild(self.bucket_order())
 
     def prepare_for_forward(self) -> None:
         """Rebuild the buckets once, after the first iteration, in the observed order.
@@ -255,8 +273,9 @@ class Reducer:
         self.transport.advance()
 
     def _finalize(self) -> None:
-        if self._backward_began:
-            timeline.mark("backward", timeline.COMPUTE, self._backward_began)
+        began = self._backward_began
+        if began:
+            timeline.mark("backward", timeline.COMPUTE, began)
             self._backward_began = 0
         self._armed = False
         if self._pump is not None:
@@ -284,6 +303,8 @@ class Reducer:
         self._wait_and_copy(globally_used=agreed[:-1] if self.find_unused else None)
         self._reduce_sparse()
         self._schedule_rebuild()
+        if self.timer is not None and began:
+            self.timer(began)
 
     def _reduce_sparse(self) -> None:
         for index in self.sparse:

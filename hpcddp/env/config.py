@@ -32,6 +32,22 @@ _SETTINGS = {
         "bool", True,
         "An uncaught exception on any rank prints its traceback with the rank and aborts "
         "the whole job (MPI_Abort), so no rank waits forever in a collective."),
+    "AUTOTUNE": _Setting(
+        "bool", False,
+        "Tune every hpcddp.DistributedDataParallel as bucket_cap_mb='auto' does, from "
+        "the cap it was given: during the first steps, measure backward and the "
+        "communication left after it for bucket caps, the first bucket's cap, large "
+        "parameters alone or in buckets and the reduction (where HPCDDP_REDUCE=auto), "
+        "then keep the cheapest."),
+    "AUTOTUNE_LOG": _Setting(
+        "str", "",
+        "With autotuning, rank 0 writes every setting tried, its measured steps and "
+        "cost, and the one chosen, to this CSV file. Empty: no file."),
+    "AUTOTUNE_STEPS": _Setting(
+        "int", 64,
+        "The most training steps an autotuning search may take (warm-up steps after "
+        "each switch included); it stops earlier once no neighbouring setting is "
+        "cheaper."),
     "CUDA_AWARE": _Setting(
         "tristate", None,
         "Override CUDA-awareness detection: 1 hands device buffers to MPI, 0 stages "

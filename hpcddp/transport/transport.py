@@ -13,7 +13,7 @@ One lock per transport serializes its MPI calls, so the progress thread
 
 import threading
 from collections import deque
-from typing import Callable, Deque, List, Optional, Sequence, Tuple
+from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from mpi4py import MPI
@@ -191,6 +191,7 @@ class Transport:
         if reduction not in REDUCTIONS:
             raise ValueError(f"reduction={reduction!r}; use one of {sorted(REDUCTIONS)}")
         self.reduction: Reduction = _make_reduction(reduction, comm, cuda)
+        self._made: Dict[str, Reduction] = {reduction: self.reduction}  # freed by close()
         self._ring16: Optional[Reduction] = None  # made on first use
         self._small: Optional[Reduction] = None
         self.host = HostRoute(cuda)
@@ -212,6 +213,19 @@ class Transport:
         if self.cuda_aware and (tensor.dtype != torch.bfloat16 or self.reduction.name == "ring"):
             return self.device
         return self.staged
+
+    def use_reduction(self, name: str) -> None:
+        """Carry out allreduces started from now on by ``name`` (``REDUCTIONS``); those
+        already started finish as they were issued. Reductions are made once and kept.
+
+        .. warning:: Collective, at the same point on every rank: ranks reducing one
+           buffer by different algorithms would wait for each other forever.
+        """
+        if name not in REDUCTIONS:
+            raise ValueError(f"reduction={name!r}; use one of {sorted(REDUCTIONS)}")
+        if name not in self._made:
+            self._made[name] = _make_reduction(name, self.comm, self.cuda)
+        self.reduction = self._made[name]
 
     # -- operations ----------------------------------------------------------------------
 
@@ -373,9 +387,11 @@ class Transport:
         """
         if self.check is not None:
             self.check.close()
-        free = getattr(self.reduction, "free", None)
-        if free is not None:
-            free()
+        for reduction in self._made.values():
+            free = getattr(reduction, "free", None)
+            if free is not None:
+                free()
+        self._made = {}
 
 
 def _make_reduction(name: str, comm, cuda) -> Reduction:
