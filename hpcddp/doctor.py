@@ -172,6 +172,10 @@ def main(argv=None) -> int:
         elif world.size < 2:
             print("\nallreduce bandwidth: skipped, world size is 1")
         print(f"\nallreduce: {reports[0]['reduction_reason']}")
+        verdict = world.device_verdict
+        print("device-buffer self-test: " + (
+            verdict.describe() if verdict is not None else
+            "not run (MPI reports no CUDA support, no GPU, or HPCDDP_CUDA_AWARE is set)"))
         for note in find_advice(reports):
             print(f"NOTE: {note}")
         for problem in problems:

@@ -58,25 +58,28 @@ def _check_threads(comm, asked: int) -> int:
     return asked
 
 
-_TORCH_SETUP = r"""
+_TORCH_PAIR_SETUP = r"""
 import torch
-torch.cuda.init()
-send = torch.full((1,), 3.0, device="cuda"); recv = torch.zeros(1, device="cuda")
-torch.cuda.synchronize()
-get = lambda a: float(a.cpu()[0])
+if not torch.cuda.is_available():
+    raise SystemExit("no CUDA device: torch.cuda.is_available() is False")
+torch.cuda.set_device(rank % torch.cuda.device_count())
+make = lambda n, value: torch.full((n,), value, dtype=torch.float32, device="cuda")
+sync = torch.cuda.synchronize
+get = lambda a: a.cpu().numpy()
 """
 
 
 def device_self_test():
-    """Run the device-buffer allreduce self-test of ``hpcddp.comm.selftest`` in a
-    subprocess, on CuPy arrays where CuPy is installed, else on torch tensors.
+    """Run the two-process device-buffer checks of ``hpcddp.comm.selftest`` (Isend/Irecv,
+    then Iallreduce), on CuPy arrays where CuPy is installed, else on torch tensors.
 
     Returns:
-        ``SelfTest(passed, reason)``.
+        a ``DeviceVerdict``; its ``reduction`` is what ``HPCDDP_REDUCE=auto`` uses.
     """
-    from hpcddp.comm.selftest import CUPY_SETUP, run_self_test, self_test_code
-    setup = CUPY_SETUP if importlib.util.find_spec("cupy") else _TORCH_SETUP
-    return run_self_test([sys.executable, "-c", self_test_code(setup)])
+    from hpcddp.comm.selftest import CUPY_PAIR_SETUP, pair_launcher, run_device_checks
+    setup = CUPY_PAIR_SETUP if importlib.util.find_spec("cupy") else _TORCH_PAIR_SETUP
+    launcher = get_setting("SELFTEST_LAUNCHER")
+    return run_device_checks(setup, pair_launcher(launcher) if launcher else None)
 
 
 def device_index(local_rank: int, visible: Sequence[Optional[str]], count: int) -> int:
@@ -113,6 +116,8 @@ class World(Closable):
         local_comm: the node-local communicator.
         device: the ``torch.device`` this rank computes on.
         cuda_aware: whether MPI is given CUDA device buffers; ``cuda_aware_reason`` says why.
+        device_verdict: the device-buffer self-test's ``DeviceVerdict`` where it ran (MPI
+            reported CUDA support and no ``HPCDDP_CUDA_AWARE`` override), else None.
         reduction: how allreduces are carried out, ``"mpi"`` (MPI's ``Iallreduce``) or
             ``"ring"`` (hpcddp's ring of point-to-point); ``reduction_reason`` says why.
         is_main: true on rank 0, the rank that prints and writes.
@@ -149,6 +154,7 @@ class World(Closable):
         self.thread_level = thread_level_name()
         override = get_setting("CUDA_AWARE")
         aware = detect_cuda_aware(self.comm, override)
+        self.device_verdict = None  # the two-process self-test's, where it ran
         self.cuda_aware, self.cuda_aware_reason = aware.aware, aware.reason
         if aware.aware and override is None and torch.cuda.is_available():
             self._confirm_cuda_aware()
@@ -200,6 +206,13 @@ class World(Closable):
             self.reduction_reason = (
                 f"HPCDDP_REDUCE=auto: hpcddp's ring on {where} ({layout}: every link "
                 f"carries 2(n-1)/n of the buffer, evenly)")
+        elif where == "device buffers" and self.device_verdict is not None and \
+                self.device_verdict.reduction == "ring":
+            self.reduction = "ring"
+            self.reduction_reason = (
+                f"HPCDDP_REDUCE=auto: hpcddp's ring on {where} (the self-test: "
+                f"{self.device_verdict.iallreduce.reason}, while "
+                f"{self.device_verdict.p2p.reason})")
         else:
             self.reduction = "mpi"
             why = "one node" if self.num_nodes == 1 else \
@@ -209,19 +222,21 @@ class World(Closable):
             self.reduction_reason = f"HPCDDP_REDUCE=auto: MPI's Iallreduce on {where} ({why})"
 
     def _confirm_cuda_aware(self) -> None:
-        """Run the device-buffer self-test once (rank 0) and fall back to staging if it fails.
+        """Run the two-process device-buffer checks once (on rank 0) and keep the verdict:
+        staging where point-to-point fails, the ring where only MPI's Iallreduce does.
 
         .. warning:: Collective.
         """
-        result = decide_on_root(self.comm, device_self_test)
-        if result.passed:
-            self.cuda_aware_reason += f"; {result.reason}"
+        verdict = decide_on_root(self.comm, device_self_test, what="device-buffer self-test")
+        self.device_verdict = verdict
+        if verdict.reduction != "staged":
+            self.cuda_aware_reason += f"; {verdict.describe()}"
             return
         self.cuda_aware = False
-        self.cuda_aware_reason += f"; but {result.reason}: staging through host memory"
+        self.cuda_aware_reason += f"; but {verdict.describe()}"
         if self.is_main:
-            warnings.warn(f"hpcddp: MPI reports CUDA support, but {result.reason}; gradients "
-                          f"are staged through pinned host memory instead. Set "
+            warnings.warn(f"hpcddp: MPI reports CUDA support, but {verdict.p2p.reason}; "
+                          f"gradients are staged through pinned host memory instead. Set "
                           f"HPCDDP_CUDA_AWARE=0 to skip the test, or fix the MPI's CUDA "
                           f"support (e.g. UCX_TLS with cuda_copy, MPICH_GPU_SUPPORT_ENABLED=1)",
                           stacklevel=3)

@@ -80,6 +80,11 @@ _SETTINGS = {
         "CUDA-aware, host buffers otherwise); node: reduce within the node, across nodes, "
         "then share within the node; staged: GPU tensors through pinned host memory and "
         "MPI's allreduce.", ("auto", "mpi", "ring", "node", "staged")),
+    "SELFTEST_LAUNCHER": _Setting(
+        "str", "",
+        "The command that starts the device-buffer self-test's two processes, before "
+        "its '-n 2' (e.g. 'mpirun --oversubscribe'). Empty: the mpiexec beside this "
+        "Python, else mpiexec or mpirun on PATH."),
     "SOLO_BUCKET_KB": _Setting(
         "int", 1024,
         "A parameter in host memory of at least this many KiB is reduced in its own "

@@ -84,26 +84,29 @@ def test_cuda_awareness_of_this_mpi_is_explained(world):
     assert "MPIX_Query_cuda_support() = 0" in world.cuda_aware_reason
 
 
-def test_self_test_runs_outside_the_job_as_a_singleton(world):
-    # The launcher's variables are removed, the MPI settings kept: the subprocess must
-    # start on its own, neither joining this job nor failing to start.
-    from hpcddp.comm.selftest import run_self_test
-    code = ("from mpi4py import MPI; "
-            "print('hpcddp-self-test-result', 3.0 if MPI.COMM_WORLD.size == 1 else -1.0)")
-    result = run_self_test([sys.executable, "-c", code], timeout=60)
-    assert result.passed, result.reason
+def test_self_test_runs_as_a_job_of_its_own_from_inside_this_one(world):
+    # The launcher's variables are removed, the MPI settings kept: the two processes
+    # start as a job of their own, neither joining this job nor failing to start.
+    from hpcddp.comm.selftest import HOST_PAIR_SETUP, pair_launcher, run_pair_check
+    world = hpcddp.get_world()  # not the module's fixture: a test above re-initialized
+    if world.rank == 0:
+        result = run_pair_check(pair_launcher(), "p2p", HOST_PAIR_SETUP, timeout=60)
+        assert result.passed, result.reason
+    world.comm.Barrier()
 
 
 def test_cuda_aware_self_test_on_a_gpu(world):
     from gpu import skip_or_fail_without_gpu
-    skip_or_fail_without_gpu("the device-buffer allreduce self-test")
+    skip_or_fail_without_gpu("the device-buffer self-test")
     from hpcddp.world import device_self_test
-    result = device_self_test()
-    # Either verdict is legitimate; what matters is that a non-aware MPI is caught here
+    verdict = device_self_test()
+    # Any verdict is legitimate; what matters is that a non-aware MPI is caught here
     # instead of crashing, and that World agrees with the verdict when it ran.
-    assert result.reason
-    if "self-test" in world.cuda_aware_reason:
-        assert world.cuda_aware == result.passed
+    assert verdict.p2p.reason and verdict.iallreduce.reason
+    if world.device_verdict is not None:
+        assert world.cuda_aware == (verdict.reduction != "staged")
+        if os.environ.get("HPCDDP_REDUCE", "auto") == "auto" and world.cuda_aware:
+            assert world.reduction == verdict.reduction
 
 
 def test_world_falls_back_to_staging_when_mpi_crashes_on_device_memory():
@@ -114,7 +117,7 @@ def test_world_falls_back_to_staging_when_mpi_crashes_on_device_memory():
     world = hpcddp.get_world()  # not the module's fixture: a test above re-initialized
     from hpcddp.world import device_self_test
     verdict = world.comm.bcast(device_self_test() if world.rank == 0 else None, root=0)
-    if verdict.passed:
+    if verdict.reduction != "staged":
         pytest.skip("this MPI passes the device-buffer self-test: nothing to fall back from")
     saved = world.cuda_aware, world.cuda_aware_reason
     try:
@@ -123,8 +126,8 @@ def test_world_falls_back_to_staging_when_mpi_crashes_on_device_memory():
             warnings.simplefilter("always")
             world._confirm_cuda_aware()
         assert world.cuda_aware is False
-        assert "staging through host memory" in world.cuda_aware_reason
-        assert verdict.reason in world.cuda_aware_reason
+        assert "staging through pinned host memory" in world.cuda_aware_reason
+        assert verdict.p2p.reason.split(":")[0] in world.cuda_aware_reason
         said = [str(w.message) for w in caught if "staged through pinned" in str(w.message)]
         assert len(said) == (1 if world.is_main else 0)
     finally:

@@ -1,46 +1,91 @@
-"""Judging the CUDA-aware self-test. The commands here stand in for a GPU that this
-machine lacks; the real self-test runs in tests/mpi/test_world.py on a GPU machine."""
+"""Judging the two-process device-buffer self-test. Stand-in launchers print what a job
+on a GPU would; the same checks run as real jobs on host buffers in
+tests/jobs/test_selftest_jobs.py, and on device buffers on a GPU machine
+(tests/mpi/test_world.py)."""
 
+import os
+import signal
 import sys
 
 import pytest
-import torch
 
-from hpcddp.comm.selftest import run_self_test
+from hpcddp.comm.selftest import DeviceVerdict, SelfTest, pair_launcher, run_pair_check
 from hpcddp.env import clean_environment
 
 
-def _python(code):
+def _launcher(code):
+    """A stand-in for ``mpiexec -n 2``: Python running ``code``, which prints what the two
+    processes of a real job would (the program and its arguments follow, unused)."""
     return [sys.executable, "-c", code]
 
 
-def test_segfault_in_the_subprocess_is_a_failure_not_a_crash():
-    result = run_self_test(_python("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"))
-    assert not result.passed and "signal 11" in result.reason and "segfault" in result.reason
+def _says(*lines):
+    return _launcher("; ".join(f"print({line!r})" for line in lines))
 
 
-def test_wrong_value_is_a_failure():
-    result = run_self_test(_python("print('hpcddp-self-test-result 6.0')"))
-    assert not result.passed and "gave 6.0" in result.reason
+OK = "hpcddp-pair-check p2p ok"
 
 
-def test_error_and_hang_are_failures():
-    error = run_self_test(_python("raise SystemExit('cudaErrorNoDevice')"))
-    assert not error.passed and "cudaErrorNoDevice" in error.reason
-    hang = run_self_test(_python("import time; time.sleep(30)"), timeout=1)
+def test_both_processes_right_passes():
+    result = run_pair_check(_says(OK, OK), "p2p")
+    assert result.passed and "Isend/Irecv" in result.reason
+
+
+def test_a_wrong_value_on_one_process_fails_and_quotes_it():
+    result = run_pair_check(_says(OK, "hpcddp-pair-check p2p gave 0.0 at element 0, not 2.0"),
+                            "p2p")
+    assert not result.passed and "gave 0.0 at element 0, not 2.0" in result.reason
+
+
+def test_a_world_that_is_not_two_processes_fails():
+    # A launcher of another MPI starts two singletons: each sees a world of 1.
+    said = "hpcddp-pair-check iallreduce ran in a world of 1, not 2: the launcher is not this MPI's"
+    result = run_pair_check(_says(said, said), "iallreduce")
+    assert not result.passed and "not this MPI's" in result.reason
+
+
+def test_segfault_error_and_hang_are_failures_not_crashes():
+    crash = run_pair_check(_launcher(f"import os; print({OK!r}, flush=True); "
+                                     f"os.kill(os.getpid(), {int(signal.SIGSEGV)})"), "p2p")
+    assert not crash.passed and "died of signal 11" in crash.reason
+    error = run_pair_check(_launcher("raise SystemExit('cudaErrorNoDevice')"), "p2p")
+    assert not error.passed and "exit 1" in error.reason and "cudaErrorNoDevice" in error.reason
+    hang = run_pair_check(_launcher("import time; time.sleep(30)"), "p2p", timeout=1)
     assert not hang.passed and "hung" in hang.reason
+    one = run_pair_check(_says(OK), "p2p")  # the other process said nothing
+    assert not one.passed
 
 
-def test_right_value_passes():
-    assert run_self_test(_python("print('hpcddp-self-test-result 3.0')")).passed
+def test_the_verdict_picks_the_reduction():
+    good, bad = SelfTest(True, "passed"), SelfTest(False, "died of signal 11")
+    assert DeviceVerdict(good, good, 1.0).reduction == "mpi"
+    assert DeviceVerdict(good, bad, 1.0).reduction == "ring"  # Open MPI's libnbc crash
+    assert DeviceVerdict(bad, good, 1.0).reduction == "staged"
+    assert DeviceVerdict(bad, bad, 1.0).reduction == "staged"
+    assert "ring on device buffers" in DeviceVerdict(good, bad, 2.5).describe()
+    assert "(2.5 s)" in DeviceVerdict(good, bad, 2.5).describe()
 
 
-def test_launcher_variables_do_not_reach_the_subprocess(monkeypatch):
+def test_launcher_and_scheduler_variables_do_not_reach_the_job(monkeypatch):
     monkeypatch.setenv("PMI_SIZE", "4")
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "4")
-    code = ("import os; print('hpcddp-self-test-result', 3.0 if not "
-            "any(k in os.environ for k in ('PMI_SIZE', 'SLURM_STEP_NUM_TASKS')) else 0.0)")
-    assert run_self_test(_python(code)).passed
+    monkeypatch.setenv("SLURM_JOB_ID", "7")  # the launcher would ask Slurm for nodes
+    monkeypatch.setenv("OMPI_MCA_pml", "ucx")  # a setting: kept
+    code = ("import os; ok = not any(k in os.environ for k in ('PMI_SIZE', "
+            "'SLURM_STEP_NUM_TASKS', 'SLURM_JOB_ID')) and os.environ.get('OMPI_MCA_pml') "
+            f"== 'ucx'; print(*[{OK!r} if ok else 'no'] * 2, sep=chr(10))")
+    assert run_pair_check(_launcher(code), "p2p").passed
+
+
+def test_the_launcher_is_the_setting_or_the_mpiexec_beside_python(monkeypatch, tmp_path):
+    assert pair_launcher("mpirun --oversubscribe") == ["mpirun", "--oversubscribe", "-n", "2"]
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.access(beside, os.X_OK):
+        assert pair_launcher() == [beside, "-n", "2"]
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="HPCDDP_SELFTEST_LAUNCHER"):
+        pair_launcher()
 
 
 def test_job_variables_go_and_mpi_settings_stay():
@@ -58,11 +103,3 @@ def test_job_variables_go_and_mpi_settings_stay():
                 "MPIR_CVAR_ENABLE_GPU": "1", "UCX_TLS": "cuda,sm", "SLURM_JOB_ID": "7",
                 "CUDA_VISIBLE_DEVICES": "0", "PATH": "/usr/bin"}
     assert clean_environment({**job, **settings}) == settings
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the verdict on a machine without CUDA")
-def test_torch_variant_without_cuda_fails_and_says_why():
-    # No CuPy here, so the torch variant runs; without a GPU it must fail, not pass.
-    from hpcddp.world import device_self_test
-    result = device_self_test()
-    assert not result.passed and "CUDA" in result.reason
