@@ -11,7 +11,7 @@ MPI_TIMEOUT := timeout -k 10 900
 PYTEST  := $(PY) -m pytest -q
 
 .PHONY: venv tools demo test test-unit test-mpi test-slurm test-phdf5 test-cluster cluster \
-        cluster-down cuda-mpi clean
+        cluster-down cuda-mpi gpu-check gpu-rehearsal clean
 
 $(STAMP): setup.cfg pyproject.toml constraints-dev.txt
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
@@ -100,6 +100,18 @@ test-phdf5: $(PHDF5_STAMP)
 # About half an hour on 2 cores; not part of `make test`.
 cuda-mpi: venv
 	bash benchmarks/cuda_mpi.sh
+
+# The whole GPU check in one command (benchmarks/gpu_check.sh: the CUDA-aware MPI from
+# build/cuda-mpi.tar.xz, the self-test, Open MPI's device Iallreduce, the CUDA tests in
+# every mode, the GPU DDP step), logs under OUT. gpu-rehearsal runs the same steps here,
+# without a GPU, and fails if any step that needs no GPU fails.
+OUT ?= build/gpu-check
+gpu-check:
+	OUT=$(OUT) bash benchmarks/gpu_check.sh
+
+gpu-rehearsal: venv
+	HPCDDP_GPU_REHEARSAL=1 OUT=build/gpu-rehearsal bash benchmarks/gpu_check.sh; \
+	  ! grep -E '^[a-z_0-9]+ +any +FAILED' build/gpu-rehearsal/summary.txt
 
 clean:
 	rm -rf $(VENV) $(PHDF5_VENV) build *.egg-info .pytest_cache

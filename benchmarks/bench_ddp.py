@@ -9,6 +9,7 @@ step and hpcddp goes through device buffers (CUDA-aware MPI) or pinned staging.
 import argparse
 import copy
 import os
+import sys
 import time
 
 import numpy as np
@@ -222,7 +223,11 @@ def main():
     parser.add_argument("--models", default=None,
                         help="comma-separated; default mlp,toy_cifar (cpu), plus mlp_b1024 (cuda)")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for this rank's GPU")
+    parser.add_argument("--name", default=None,
+                        help="results/<name>.json (default ddp, or ddp_cuda on a GPU)")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench_ddp --device cuda: torch sees no CUDA device here")
     world = hpcddp.init()
     gloo, _backend, _store = make_gloo_group(world)
     device = world.device if args.device == "cuda" else torch.device("cpu")
@@ -230,10 +235,11 @@ def main():
                              else "mlp,mlp_b1024,toy_cifar")
     results = [bench_model(m, world, gloo, args.steps, caps=(1, 5, 100), device=device)
                for m in models.split(",")]
-    name = "ddp" if device.type == "cpu" else "ddp_cuda"
+    name = args.name or ("ddp" if device.type == "cpu" else "ddp_cuda")
     path = write(name, {"benchmark": "DDP training step", "device": str(device),
                         "cuda_aware": world.cuda_aware,
                         "cuda_aware_reason": world.cuda_aware_reason,
+                        "reduction": world.reduction,
                         "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
                         "steps": args.steps,
                         "threads_per_rank": torch.get_num_threads(),

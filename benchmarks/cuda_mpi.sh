@@ -10,7 +10,7 @@
 # (open-mpi/ompi#9845, #12045).
 #
 # Result, under build/cuda-mpi/: openmpi/ (the install, stripped), ucx/ (the libraries
-# Open MPI loads), wheels/ (mpi4py built against this MPI), env.sh (source it: PATH,
+# Open MPI loads), env.sh (source it: PATH,
 # OPAL_PREFIX, LD_LIBRARY_PATH for wherever the folder ends up), and
 # build/cuda-mpi.tar.xz to carry.
 set -euo pipefail
@@ -82,13 +82,11 @@ export LD_LIBRARY_PATH=$CUDA_MPI/openmpi/lib:$CUDA_MPI/ucx/lib${LD_LIBRARY_PATH:
 export UCX_MODULE_DIR=$CUDA_MPI/ucx/lib/ucx
 export OMPI_MCA_pml=ucx OMPI_MCA_osc=ucx
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export MPI4PY_MPIABI=openmpi
 ENV
 
-# 5. mpi4py built against it, as a wheel the GPU machine installs with no network.
-if ! ls "$OUT"/wheels/mpi4py-*.whl >/dev/null 2>&1; then
-  (source "$OUT/env.sh" && MPICC="$OUT/openmpi/bin/mpicc" \
-     "$PY" -m pip wheel -q --no-cache-dir --no-deps --no-binary mpi4py -w "$OUT/wheels" mpi4py)
-fi
+# 5. No mpi4py build: the stock mpi4py 4.1 wheel carries an Open MPI variant, picked at
+# import by MPI4PY_MPIABI=openmpi (env.sh sets it) with this libmpi.so.40 on the path.
 
 # 6. Proof, and the size to carry.
 (source "$OUT/env.sh" && ompi_info --parsable --all | grep -m1 "mpi_built_with_cuda_support:value")
