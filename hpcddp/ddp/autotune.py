@@ -118,11 +118,15 @@ class Autotuner:
         agreed = np.array([np.inf if cost is None else cost, cost is None], dtype=np.float64)
         with activity.blocking("DDP autotune: agreeing on the last step's cost", self.control):
             self.control.Allreduce(MPI.IN_PLACE, agreed, op=MPI.MAX)
-        if self._applied is None:  # the first step: reduce with the tuner's own buckets
-            self._apply(self.search.current)
-            return
         if agreed[1]:
             return  # some rank ran no synchronized backward since: nothing to judge
+        if self._applied is None:
+            # After the first backward, whose order the reducer has just laid its buckets
+            # out in: from here on, the tuner's buckets in that order. The first step's
+            # cost (first-touch allocations, a static graph's delayed reduction) is not
+            # a setting's.
+            self._apply(self.search.current)
+            return
         self.search.observe(float(agreed[0]))
         self._write_log()
         if self.search.done:
@@ -185,7 +189,9 @@ class Autotuner:
     def _settle(self, why: str) -> None:
         self.search.done = True
         best = self.search.best_setting
-        if best != self._applied:
+        if self._applied is None:
+            pass  # stopped before the first step: the wrapper keeps the layout it was built with
+        elif best != self._applied:
             self._apply(best)
         else:
             timeline.mark(f"autotune: {best.describe()}", timeline.REDUCER, self._since)

@@ -10,7 +10,9 @@ cap and the first bucket's cap. The search is coordinate descent: every value of
 categorical coordinate is tried; an ordered one (the caps, on a doubling ladder) is
 climbed from where it stands towards the cheaper neighbour until the next step up the
 ladder is no longer cheaper. A pass over all coordinates that changed nothing ends it;
-so does the step budget. A candidate whose first measured step costs far more than the
+so does the step budget. A best that is not the start is then measured again beside the
+start, and kept only if it still wins by the margin, both side by side and with all its
+samples pooled. A candidate whose first measured step costs far more than the
 best so far is dropped after that step (Horovod's autotune spends its budget the same
 way: few samples where a setting is plainly worse).
 """
@@ -98,6 +100,7 @@ class Search:
             does not move the choice.
         abandon: a setting whose first sample exceeds the best cost by this factor is
             dropped after it.
+        confirm: measure the start and the best again before leaving the start.
 
     Example::
 
@@ -111,7 +114,8 @@ class Search:
     ORDER = ("reduction", "solo", "cap_mb", "first_mb")
 
     def __init__(self, space: Space, start: Setting, samples: int = 3, warmup: int = 1,
-                 budget: int = 64, margin: float = 0.03, abandon: float = 1.3):
+                 budget: int = 64, margin: float = 0.03, abandon: float = 1.3,
+                 confirm: bool = True):
         if samples < 1 or warmup < 0 or budget < 1:
             raise ValueError(f"samples={samples}, warmup={warmup}, budget={budget}: need "
                              f"samples >= 1, warmup >= 0 and budget >= 1")
@@ -128,7 +132,12 @@ class Search:
         # The climb going on: (coordinate, where it stood, direction; None while both
         # neighbours are being measured).
         self._climb: Optional[Tuple[str, float, Optional[int]]] = None
-        self.current = space.snap(start)
+        self.start = self.current = space.snap(start)
+        # Before leaving the start, both are measured again and their samples pooled: a
+        # lucky run of steps must not move the choice. Its steps are kept in the budget.
+        self._confirming: Optional[List[Setting]] = None
+        per = warmup + samples  # steps per setting
+        self._reserve = 2 * per if confirm and budget >= 4 * per else 0
         self._seen: List[float] = []
         self._skip = warmup  # the start too is a switch: to the tuner's own buckets
 
@@ -145,7 +154,8 @@ class Search:
             self._seen.append(float(cost))
             if self._plainly_worse() or len(self._seen) >= self.samples:
                 self._conclude()
-        if not self.done and self.steps >= self.budget:
+        if not self.done and self.steps >= self.budget - \
+                (0 if self._confirming is not None else self._reserve):
             self._finish()
 
     @property
@@ -156,9 +166,12 @@ class Search:
 
     def _plainly_worse(self) -> bool:
         return (len(self._seen) == 1 and self.samples > 1 and self.best is not None
-                and self._seen[0] > self.best.cost * self.abandon)
+                and self._confirming is None and self._seen[0] > self.best.cost * self.abandon)
 
     def _conclude(self) -> None:
+        if self._confirming is not None:
+            self._conclude_confirmation()
+            return
         samples = tuple(self._seen)
         trial = Trial(self.current, samples, statistics.median(samples),
                       len(samples) < self.samples)
@@ -247,5 +260,31 @@ class Search:
         return None if candidate in self.trials else candidate
 
     def _finish(self) -> None:
+        if (self._confirming is None and self._reserve and self.best is not None
+                and self.best.setting != self.start and self.start in self.trials
+                and self.budget - self.steps >= self._reserve):
+            self._confirming = [self.best.setting]
+            self.current, self._seen, self._skip = self.start, [], self.warmup
+            return
         self.done = True
         self.current = self.best_setting
+
+    def _conclude_confirmation(self) -> None:
+        """Pool the new samples with the earlier ones; once the start and the best have
+        both been measured again, keep the best only if it wins by the margin both in the
+        pooled samples and in the two measures just taken side by side."""
+        fresh = tuple(self._seen)
+        self.history.append(Trial(self.current, fresh, statistics.median(fresh), False))
+        pooled = self.trials[self.current].samples + fresh
+        self.trials[self.current] = Trial(self.current, pooled, statistics.median(pooled), False)
+        if self._confirming:
+            self.current, self._seen, self._skip = self._confirming.pop(), [], self.warmup
+            return
+        start, best = self.trials[self.start], self.trials[self.best.setting]
+        again = {t.setting: t.cost for t in self.history[-2:]}  # side by side, just now
+        wins = (best.cost < start.cost * (1 - self.margin) and
+                again[best.setting] < again[start.setting] * (1 - self.margin))
+        self.best = best if wins else start
+        self._confirming = []
+        self.done = True
+        self.current = self.best.setting

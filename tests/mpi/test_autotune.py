@@ -56,10 +56,12 @@ def _layout(ddp):
     return (reducer.transport.reduction.name, tuple(b.layout.params for b in reducer.buckets))
 
 
-def test_parameters_equal_single_process_training_while_settings_change(world, tune_env):
+@pytest.mark.parametrize("static_graph", [False, True])
+def test_parameters_equal_single_process_training_while_settings_change(world, tune_env,
+                                                                       static_graph):
     torch.manual_seed(0)
     reference = Deep()
-    ddp = hpcddp.DistributedDataParallel(Deep(), bucket_cap_mb="auto")
+    ddp = hpcddp.DistributedDataParallel(Deep(), bucket_cap_mb="auto", static_graph=static_graph)
     ddp.module.load_state_dict(reference.state_dict())
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05)
@@ -86,7 +88,7 @@ def test_every_rank_settles_on_the_same_setting_even_when_they_measure_different
     favourite = 2.0 ** -world.rank
 
     def stand_in(began):
-        s = tuner._applied
+        s = tuner._applied or tuner.search.current
         tuner._cost = 0.01 * (1 + abs(s.cap_mb - favourite) + (s.reduction != "ring"))
     ddp.reducer.timer = stand_in
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
