@@ -28,13 +28,24 @@ demo: venv
 test: test-unit test-mpi test-slurm
 
 # strace injects faults (SIGKILL, errors) into the checkpoint crash tests; as root it is
-# installed here, elsewhere those tests skip and say why.
+# installed here, elsewhere those tests skip and say why. Slurm's packages for
+# tests/slurm then install in the background while the unit and job tests run (the
+# Slurm tests wait for apt's lock).
+SLURM_PACKAGES := slurmd slurmctld slurm-client munge
 tools:
 	command -v strace >/dev/null || [ "$$(id -u)" != 0 ] || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace)
+	command -v slurmctld >/dev/null || [ "$$(id -u)" != 0 ] || \
+	  (DEBIAN_FRONTEND=noninteractive nohup apt-get install -y -qq --no-install-recommends \
+	     $(SLURM_PACKAGES) >/dev/null 2>&1 &)
 
+# The job tests that time how a failing job ends run one at a time; the others, which
+# wait mostly on process start-up, imports and sleeps, two at a time (pytest-xdist).
+TIMED_JOBS := tests/jobs/test_hangs.py tests/jobs/test_jobs.py \
+              tests/jobs/test_child_processes.py tests/jobs/test_init_process_group.py
 test-unit: venv tools
-	$(PYTEST) tests/unit tests/jobs
+	$(PYTEST) -n 2 tests/unit tests/jobs $(addprefix --ignore=,$(TIMED_JOBS))
+	$(PYTEST) $(TIMED_JOBS)
 
 # A real single-node Slurm (munge, slurmctld, slurmd) started by the tests themselves; as
 # root the Debian packages are installed on first use, elsewhere the tests skip and say why.

@@ -34,14 +34,15 @@ def ensure_packages():
         raise Unavailable("Slurm is not installed and installing it needs root: "
                           "apt-get install " + " ".join(PACKAGES))
     # Without recommends: the -dev plugin packages Debian recommends are of no use here.
-    done = subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends",
-                           *PACKAGES], capture_output=True, text=True,
-                          env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    # `make test` may already be installing them in the background: wait for apt's lock.
+    install = ["apt-get", "-o", "DPkg::Lock::Timeout=600", "install", "-y", "-qq",
+               "--no-install-recommends", *PACKAGES]
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    done = subprocess.run(install, capture_output=True, text=True, env=env)
     if done.returncode != 0:
-        subprocess.run(["apt-get", "update", "-qq"], capture_output=True)
-        done = subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends",
-                               *PACKAGES], capture_output=True, text=True,
-                              env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+        subprocess.run(["apt-get", "-o", "DPkg::Lock::Timeout=600", "update", "-qq"],
+                       capture_output=True)
+        done = subprocess.run(install, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise Unavailable(f"apt-get install {' '.join(PACKAGES)} failed: {done.stderr[-500:]}")
 
