@@ -121,7 +121,7 @@ gpu-check:
 	OUT=$(OUT) bash benchmarks/gpu_check.sh
 
 gpu-rehearsal: venv
-	HPCDDP_GPU_REHEARSAL=1 OUT=build/gpu-rehearsal bash benchmarks/gpu_check.sh; \
+	GPU_CHECK_REHEARSAL=1 OUT=build/gpu-rehearsal bash benchmarks/gpu_check.sh; \
 	  ! grep -E '^[a-z_0-9]+ +any +FAILED' build/gpu-rehearsal/summary.txt
 
 clean:

@@ -3,7 +3,7 @@
 # machine with no network (torch, CuPy, mpi4py there; build/cuda-mpi.tar.xz carried):
 #
 #   OUT=/some/dir bash benchmarks/gpu_check.sh       # every log and figure under $OUT
-#   HPCDDP_GPU_REHEARSAL=1 bash benchmarks/gpu_check.sh   # here, without a GPU
+#   GPU_CHECK_REHEARSAL=1 bash benchmarks/gpu_check.sh   # here, without a GPU
 #
 # 1. the CUDA-aware Open MPI from build/cuda-mpi.tar.xz with the stock mpi4py wheel
 #    (MPI4PY_MPIABI=openmpi), and ompi_info's CUDA support;
@@ -24,7 +24,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${OUT:-$ROOT/gpu-check-out}
-REHEARSAL=${HPCDDP_GPU_REHEARSAL:-0}
+REHEARSAL=${GPU_CHECK_REHEARSAL:-0}
 PY=${PY:-$(command -v python3)}
 [ -x "$ROOT/.venv/bin/python" ] && [ "$REHEARSAL" = 1 ] && PY=$ROOT/.venv/bin/python
 mkdir -p "$OUT"
@@ -49,22 +49,30 @@ step() {
 }
 
 # -- 1. the MPI ---------------------------------------------------------------------------
+# CUDA_MPI_TARBALL: the carried MPI; a rehearsal may point it at a stand-in of the same
+# shape (cuda-mpi/env.sh) around a host-only Open MPI, to run the Open MPI road here.
 MPI_DIR=$OUT/cuda-mpi
-if [ -f "$ROOT/build/cuda-mpi.tar.xz" ]; then
-  mkdir -p "$MPI_DIR" && tar -C "$MPI_DIR" -xJf "$ROOT/build/cuda-mpi.tar.xz"
+TARBALL=${CUDA_MPI_TARBALL:-$ROOT/build/cuda-mpi.tar.xz}
+if [ -f "$TARBALL" ]; then
+  mkdir -p "$MPI_DIR" && tar -C "$MPI_DIR" -xJf "$TARBALL"
   # shellcheck disable=SC1091
   source "$MPI_DIR/cuda-mpi/env.sh"
   export MPI4PY_MPIABI=openmpi
-  MPIRUN=(mpirun --oversubscribe --bind-to none -x PYTHONPATH -x MPI4PY_MPIABI
-          -x LD_LIBRARY_PATH -x OMPI_NUM_THREADS -x HPCDDP_NUM_THREADS -x HPCDDP_REDUCE
-          -x HPCDDP_TEST_GPU -x UCX_MODULE_DIR)
+  # mpirun passes on only what -x names; the modes' variables are set per step, so every
+  # name is given a value here (an unset one draws a warning and is not passed).
+  export HPCDDP_REDUCE=${HPCDDP_REDUCE:-auto} HPCDDP_TEST_GPU=${HPCDDP_TEST_GPU:-0}
+  MPIRUN=(mpirun --oversubscribe --bind-to none)
+  for var in PYTHONPATH MPI4PY_MPIABI LD_LIBRARY_PATH OMP_NUM_THREADS HPCDDP_NUM_THREADS \
+             HPCDDP_REDUCE HPCDDP_TEST_GPU UCX_MODULE_DIR UCX_TLS; do
+    [ -n "${!var+set}" ] && MPIRUN+=(-x "$var")
+  done
   export HPCDDP_SELFTEST_LAUNCHER="mpirun --oversubscribe --bind-to none"
   step ompi_info any 60 bash -c 'ompi_info --parsable --all | grep -m1 mpi_built_with_cuda_support:value'
 elif [ "$REHEARSAL" = 1 ]; then
-  echo "rehearsal: build/cuda-mpi.tar.xz absent, the mpich wheel stands in" | tee -a "$SUMMARY"
+  echo "rehearsal: $TARBALL absent, the mpich wheel stands in" | tee -a "$SUMMARY"
   MPIRUN=("$(dirname "$PY")/mpiexec")
 else
-  echo "build/cuda-mpi.tar.xz is missing: run make cuda-mpi and carry it" | tee -a "$SUMMARY"
+  echo "$TARBALL is missing: run make cuda-mpi and carry it" | tee -a "$SUMMARY"
   exit 2
 fi
 step versions any 60 "$PY" -c "import sys, torch, mpi4py; from mpi4py import MPI

@@ -46,26 +46,45 @@ import sys
 from mpi4py import MPI
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
-{setup}
-n = 1 << 16  # 256 KiB of float32: past the eager limit, through the real protocol
 check = sys.argv[1]
-send, recv = make(n, rank + 1.0), make(n, 0.0)
-sync()
-if check == "iallreduce":
-    comm.Iallreduce(send, recv, op=MPI.SUM).Wait()
-    want = size * (size + 1) / 2
-else:
-    left, right = (rank - 1) % size, (rank + 1) % size
-    MPI.Request.Waitall([comm.Irecv(recv, source=left, tag=7),
-                         comm.Isend(send, dest=right, tag=7)])
-    want = left + 1.0
-sync()
-got = get(recv)
-wrong = [i for i in (0, n // 2, n - 1) if float(got[i]) != want]
-said = ("ran in a world of %d, not 2: the launcher is not this MPI's" % size if size != 2
-        else "ok" if not wrong else
-        "gave %r at element %d, not %r" % (float(got[wrong[0]]), wrong[0], want))
-os.write(1, ("hpcddp-pair-check %s %s\n" % (check, said)).encode())  # one write: no interleaving
+
+
+def say(said):
+    os.write(1, ("hpcddp-pair-check %s %s\n" % (check, said)).encode())  # one write
+
+
+def run():
+    n = 1 << 16  # 256 KiB of float32: past the eager limit, through the real protocol
+    send, recv = make(n, rank + 1.0), make(n, 0.0)
+    sync()
+    if check == "iallreduce":
+        comm.Iallreduce(send, recv, op=MPI.SUM).Wait()
+        want = size * (size + 1) / 2
+    else:
+        left, right = (rank - 1) % size, (rank + 1) % size
+        MPI.Request.Waitall([comm.Irecv(recv, source=left, tag=7),
+                             comm.Isend(send, dest=right, tag=7)])
+        want = left + 1.0
+    sync()
+    got = get(recv)
+    wrong = [i for i in (0, n // 2, n - 1) if float(got[i]) != want]
+    if size != 2:
+        return "ran in a world of %d, not 2: the launcher is not this MPI's" % size
+    if wrong:
+        return "gave %r at element %d, not %r" % (float(got[wrong[0]]), wrong[0], want)
+    return "ok"
+
+
+try:
+    exec({setup!r})  # makes make(n, value), sync() and get(buffer)
+except BaseException as error:  # noqa: the verdict says what went wrong
+    say("could not set up: %s" % (str(error) or type(error).__name__))
+    sys.exit(1)
+try:
+    say(run())
+except Exception as error:  # an MPI error raised, not a crash
+    say("raised %s: %s" % (type(error).__name__, str(error).splitlines()[0] if str(error) else ""))
+    sys.exit(1)
 """
 
 # CuPy device buffers, each process on its own GPU where there are several.
