@@ -171,6 +171,7 @@ class Autotuner:
         self.search.done, self.search.current = True, setting
         self._apply(setting)
         self.settled, self.reason = True, "taken from the checkpoint"
+        self.reducer.timer = None  # nothing more to measure (on a GPU, a synchronize a step)
         if self.is_main:
             print(f"hpcddp autotune: {setting.describe()} (chosen before, taken from the "
                   f"checkpoint: same world, network and model)", file=sys.stderr, flush=True)

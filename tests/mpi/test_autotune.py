@@ -120,6 +120,7 @@ def test_a_resume_takes_the_saved_choice_and_searches_no_more(world, tune_env, f
     opt = torch.optim.SGD(again.parameters(), lr=0.05)
     assert checkpoint.load(folder, again, opt) is not None
     assert again.tuner.settled and again.tuner.search.steps == 0
+    assert again.reducer.timer is None  # no more measuring
     assert again.tuner.search.current == chosen
     assert _layout(again) == layout
     assert again.bucket_bytes_cap == int(chosen.cap_mb * (1 << 20))
