@@ -29,11 +29,26 @@ from hpcddp.ddp.search import Search, Setting, Space
 from hpcddp.env import get_setting
 from hpcddp.notices import warn_user
 
-__all__ = ["Autotuner", "apply_setting", "make_autotuner", "reductions_to_try"]
+__all__ = ["Autotuner", "apply_setting", "make_autotuner", "reductions_to_try",
+           "wants_autotune"]
 
 _MIB = 1 << 20
 _LOG_FIELDS = ("trial", "reduction", "bucket_cap_mb", "first_bucket_mb", "large_params_alone",
                "measured_steps", "samples_ms", "cost_ms", "abandoned", "chosen")
+
+
+def wants_autotune(bucket_cap_mb) -> bool:
+    """Whether a wrapper given ``bucket_cap_mb`` tunes: ``"auto"``, or
+    ``HPCDDP_AUTOTUNE=1`` (starting from a given cap). Any other text, or a cap of 0 MiB
+    or less, is refused with the fix."""
+    if isinstance(bucket_cap_mb, str) and bucket_cap_mb != "auto":
+        raise ValueError(f"bucket_cap_mb={bucket_cap_mb!r}: give a number of MiB, None for "
+                         f"torch's 25, or 'auto' to have hpcddp measure and choose")
+    if bucket_cap_mb is not None and not isinstance(bucket_cap_mb, str) and \
+            not bucket_cap_mb > 0:
+        raise ValueError(f"bucket_cap_mb={bucket_cap_mb!r}: a bucket cap must be more than "
+                         f"0 MiB; give e.g. 25, or 'auto'")
+    return bucket_cap_mb == "auto" or get_setting("AUTOTUNE")
 
 
 def reductions_to_try(world, setting: str, on_gpu: bool):

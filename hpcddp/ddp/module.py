@@ -13,7 +13,7 @@ from torch.distributed.algorithms.join import Join, Joinable
 
 from hpcddp.comm import activity, lifetime, timeline
 from hpcddp.ddp import hooks
-from hpcddp.ddp.autotune import Autotuner, make_autotuner
+from hpcddp.ddp.autotune import Autotuner, make_autotuner, wants_autotune
 from hpcddp.ddp.buckets import DEFAULT_CAP_MB, FIRST_BUCKET_BYTES
 from hpcddp.ddp.join import DDPJoinHook, agree_on_sync, common_rank
 from hpcddp.ddp.reducer import Reducer
@@ -36,18 +36,6 @@ def _resolve_comm(process_group, world):
     if isinstance(process_group, MPI.Comm):
         return process_group
     return comm_of(process_group)
-
-
-def _wants_autotune(bucket_cap_mb) -> bool:
-    """``bucket_cap_mb="auto"``, or ``HPCDDP_AUTOTUNE=1`` (starting from a given cap)."""
-    if isinstance(bucket_cap_mb, str) and bucket_cap_mb != "auto":
-        raise ValueError(f"bucket_cap_mb={bucket_cap_mb!r}: give a number of MiB, None for "
-                         f"torch's 25, or 'auto' to have hpcddp measure and choose")
-    if bucket_cap_mb is not None and not isinstance(bucket_cap_mb, str) and \
-            not bucket_cap_mb > 0:
-        raise ValueError(f"bucket_cap_mb={bucket_cap_mb!r}: a bucket cap must be more than "
-                         f"0 MiB; give e.g. 25, or 'auto'")
-    return bucket_cap_mb == "auto" or get_setting("AUTOTUNE")
 
 
 def _refuse(name, value, default):
@@ -144,7 +132,7 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
             raise RuntimeError("DistributedDataParallel got a module with no parameter that "
                                "requires a gradient; there is nothing to reduce")
         self._buffers_to_sync = [b for b in module.buffers()]
-        tune = _wants_autotune(bucket_cap_mb)
+        tune = wants_autotune(bucket_cap_mb)
         given = None if bucket_cap_mb in (None, "auto") else bucket_cap_mb
         cap = DEFAULT_CAP_MB if given is None else given
         self._cap_bytes = int(cap * 1024 * 1024)

@@ -165,7 +165,7 @@ class Reducer:
         if self.transport.pending() or any(b.handle is not None for b in self.buckets):
             raise RuntimeError("Reducer.retune during a backward: buckets change only "
                                "between steps")
-        self.transport.use_reduction(reduction)
+        self.transport.reductions.use(reduction)
         self.cap_bytes, self.first_cap_bytes, self.solo_bytes = \
             cap_bytes, first_cap_bytes, solo_bytes
         self.rebuild(self.bucket_order())

@@ -13,7 +13,7 @@ One lock per transport serializes its MPI calls, so the progress thread
 
 import threading
 from collections import deque
-from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Deque, List, Optional, Sequence, Tuple
 
 import torch
 from mpi4py import MPI
@@ -22,8 +22,8 @@ from hpcddp.comm import activity, timeline
 from hpcddp.comm.fingerprint import CollectiveCheck
 from hpcddp.comm.handle import Handle
 from hpcddp.env import get_setting
-from hpcddp.transport.node_aware import NodeAwareAllreduce, NodeGroups
-from hpcddp.transport.reductions import REDUCTIONS, Reduction
+from hpcddp.transport.choice import Reductions
+from hpcddp.transport.reductions import Reduction
 from hpcddp.transport.routes import Binding, DeviceRoute, HostRoute, Route
 from hpcddp.transport.staging import StagedRoute
 
@@ -170,8 +170,9 @@ class Transport:
         cuda: the CUDA API (``torch.cuda``); unit tests of the ordering pass a stand-in.
         pinned: page-lock the staging buffers (off only where there is no CUDA).
         chunk_bytes: staged allreduces travel in pieces of about this size (0: whole).
-        reduction: how an allreduce is carried out: ``"mpi"`` (MPI's ``Iallreduce``) or
-            ``"ring"`` (hpcddp's ring of point-to-point, ``ring.py``).
+        reduction: how an allreduce is carried out at first: ``"mpi"`` (MPI's
+            ``Iallreduce``), ``"ring"`` (hpcddp's ring of point-to-point, ``ring.py``) or
+            ``"node"`` (``node_aware.py``); ``choice.py`` picks per buffer.
 
     Example::
 
@@ -188,12 +189,7 @@ class Transport:
         # HPCDDP_DEBUG=detail: every collective is compared across ranks before it is issued.
         self.check = CollectiveCheck(comm) if get_setting("DEBUG") == "detail" else None
         self.chunk_bytes = chunk_bytes
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction={reduction!r}; use one of {sorted(REDUCTIONS)}")
-        self.reduction: Reduction = _make_reduction(reduction, comm, cuda)
-        self._made: Dict[str, Reduction] = {reduction: self.reduction}  # freed by close()
-        self._ring16: Optional[Reduction] = None  # made on first use
-        self._small: Optional[Reduction] = None
+        self.reductions = Reductions(comm, cuda, reduction)
         self.host = HostRoute(cuda)
         self.device = DeviceRoute(cuda)
         self.staged = StagedRoute(cuda, pinned=pinned)
@@ -214,18 +210,10 @@ class Transport:
             return self.device
         return self.staged
 
-    def use_reduction(self, name: str) -> None:
-        """Carry out allreduces started from now on by ``name`` (``REDUCTIONS``); those
-        already started finish as they were issued. Reductions are made once and kept.
-
-        .. warning:: Collective, at the same point on every rank: ranks reducing one
-           buffer by different algorithms would wait for each other forever.
-        """
-        if name not in REDUCTIONS:
-            raise ValueError(f"reduction={name!r}; use one of {sorted(REDUCTIONS)}")
-        if name not in self._made:
-            self._made[name] = _make_reduction(name, self.comm, self.cuda)
-        self.reduction = self._made[name]
+    @property
+    def reduction(self) -> Reduction:
+        """The reduction in use (``reductions.use(name)`` switches it)."""
+        return self.reductions.current
 
     # -- operations ----------------------------------------------------------------------
 
@@ -248,7 +236,7 @@ class Transport:
         bindings = route.bind(tensor, read=True, write=True, slot=slot,
                               chunk_bytes=self.chunk_bytes)
         name = name or f"allreduce ({op}) of {tensor.numel()} {_dtype(tensor)}"
-        reduction = self._reduction_for(tensor, route)
+        reduction = self.reductions.for_tensor(tensor, on_device=route is self.device)
 
         def issuer(piece):
             # Pieces of one slot are in flight together: each keeps scratch of its own.
@@ -257,29 +245,6 @@ class Transport:
         return self._start(route, name, [([b], issuer(k)) for k, b in enumerate(bindings)],
                            tensor, f"allreduce ({op}) of {_shape(tensor)}",
                            timeline.TORCH if slot is None else timeline.BUCKET_LANE + slot)
-
-    def _reduction_for(self, tensor: torch.Tensor, route: Route) -> Reduction:
-        """The ring for 16-bit floats in host memory; MPI's ``Iallreduce`` for a buffer
-        the node-aware allreduce would not cut into slices; else this transport's.
-
-        MPI reduces float16 and bfloat16 in software, element by element: MPICH takes
-        68 ms to sum 12 MiB of float16 across 2 ranks, where 24 MiB of float32 take 9 ms.
-        The ring sums them with torch's vectorized kernels. The node-aware allreduce's
-        three stages cost more than they save on one slice: on 2 nodes x 2 ranks at
-        1 Gbit/s, 1 MiB moved 0.35 of the link node-aware and 0.96 by MPI's.
-        """
-        name = self.reduction.name
-        if name == "node" and tensor.numel() * tensor.element_size() <= \
-                self.reduction.slice_bytes:
-            if self._small is None:
-                self._small = REDUCTIONS["mpi"](self.comm, self.cuda)
-            return self._small
-        if (name == "ring" or route is self.device or self.comm.size == 1
-                or tensor.dtype not in (torch.float16, torch.bfloat16)):
-            return self.reduction
-        if self._ring16 is None:
-            self._ring16 = REDUCTIONS["ring"](self.comm, self.cuda)
-        return self._ring16
 
     def broadcast(self, tensor: torch.Tensor, root: int = 0,
                   name: Optional[str] = None) -> Transfer:
@@ -381,30 +346,14 @@ class Transport:
         return len(self._unissued)
 
     def close(self) -> None:
-        """Free what this transport made for itself (the collective check's communicator).
+        """Free what this transport made for itself (the collective check's communicator,
+        the node-aware allreduce's).
 
         .. warning:: Collective where ``HPCDDP_DEBUG=detail``.
         """
         if self.check is not None:
             self.check.close()
-        for reduction in self._made.values():
-            free = getattr(reduction, "free", None)
-            if free is not None:
-                free()
-        self._made = {}
-
-
-def _make_reduction(name: str, comm, cuda) -> Reduction:
-    """The reduction ``name`` on ``comm``. Collective. A group whose nodes hold different
-    numbers of its ranks (a torch subgroup, a DDP process_group) cannot run the
-    node-aware allreduce; it uses MPI's."""
-    if name == "node":
-        groups = NodeGroups(comm)
-        if groups.why_not() is None:
-            return NodeAwareAllreduce(comm, cuda, groups)
-        groups.free()
-        name = "mpi"
-    return REDUCTIONS[name](comm, cuda)
+        self.reductions.free()
 
 
 def _dtype(tensor) -> str:
