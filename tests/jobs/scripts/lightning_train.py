@@ -58,3 +58,7 @@ print(f"rank {rank}: backend {dist.get_backend()} world {dist.get_world_size()} 
       f"steps {trainer.global_step}", flush=True)
 torch.save({"initial": initial, "final": model.net.state_dict()},
            os.path.join(out_dir, f"{backend}-{how}-rank{rank}.pt"))
+# As a training script should end: gloo's worker threads still running when the
+# interpreter is torn down can abort the process ("terminate called without an active
+# exception"), so the group is destroyed while Python is whole.
+dist.destroy_process_group()
