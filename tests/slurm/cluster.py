@@ -75,7 +75,7 @@ MpiDefault=none
 ReturnToService=2
 JobRequeue=1
 SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=1
+SchedulerParameters=bf_interval=1,sched_interval=1
 MessageTimeout=30
 KillWait=5
 InactiveLimit=0

@@ -30,6 +30,10 @@ def test_preemption_checkpoints_requeues_once_and_resumes_identically(slurm, sub
         time.sleep(0.1)
     # As the scheduler's warning does with --signal=B:USR1: only the batch shell.
     slurm.run("scancel", "--batch", "--signal=USR1", str(job))
+    # The uninterrupted reference runs while the requeued job waits out its credential's
+    # lifetime (cred_expire) before it may start again.
+    reference, ref_log = submit("--run-dir", tmp_path / "uninterrupted", *epochs,
+                                log="uninterrupted.out")
     info = slurm.wait(job, timeout=600)
     text = read_log(log)
     assert info["JobState"] == "COMPLETED", text[-3000:]
@@ -41,8 +45,6 @@ def test_preemption_checkpoints_requeues_once_and_resumes_identically(slurm, sub
     assert re.search(r"checkpointed at epoch \d+ step \d+", text)
     assert re.search(r"resumed from .* \(Slurm restart 1\): continuing at epoch", text)
 
-    reference, ref_log = submit("--run-dir", tmp_path / "uninterrupted", *epochs,
-                                log="uninterrupted.out")
     assert slurm.wait(reference, timeout=300)["JobState"] == "COMPLETED"
     assert _final(text) == _final(read_log(ref_log))
     assert _final(text)[1] is not None
