@@ -9,6 +9,7 @@ world last. ``finalize()`` does the same and then finalizes MPI, for a process t
 must leave MPI before it exits (the preemption path).
 """
 
+import gc
 import os
 import warnings
 from datetime import timedelta
@@ -114,6 +115,11 @@ def init(comm=None, *, torch_group: Optional[bool] = None,
     trace = timeline if timeline is not None else get_setting("TIMELINE")
     if trace:
         start_timeline(trace, _WORLD.comm)
+    if get_setting("GC_FREEZE"):
+        # What exists now is mostly torch, MPI and the script's imports, alive until
+        # exit: a full collection, a rank's pause that the others wait out at the next
+        # collective, need not walk it again (HPCDDP_GC_FREEZE).
+        gc.freeze()
     return _WORLD
 
 

@@ -37,6 +37,7 @@ __all__ = ["Watchdog"]
 
 _QUERY, _REPLY, _LEFT = 1, 2, 3
 _ANSWER_SECONDS = 5.0  # how long a report waits for the other ranks' answers
+_LEAVING_TICK = 0.005  # the thread's period once this rank is leaving
 
 
 class Watchdog(Closable):
@@ -68,6 +69,7 @@ class Watchdog(Closable):
         self._sends: List["MPI.Request"] = []  # the main thread sends too (depart)
         self._sending = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set: the thread looks now, not at its next tick
         self._thread = threading.Thread(target=self._run, name="hpcddp-watchdog", daemon=True)
         self._opened()
         atexit.register(self.depart)  # runs before lifetime's close_all (registered first)
@@ -85,6 +87,7 @@ class Watchdog(Closable):
         self._leaving = True
         if self.threaded:
             self._send_to_others(_LEFT, activity.snapshot(stack=False))
+        self._wake.set()  # the others' departures are taken as they come, not per tick
 
     def _wait_for_departures(self) -> None:
         """Wait until every rank has left, watched like any other wait."""
@@ -102,6 +105,7 @@ class Watchdog(Closable):
         self.depart()
         self._wait_for_departures()
         self._stop.set()
+        self._wake.set()
         self._thread.join()
         if self.threaded:
             self._serve()
@@ -113,7 +117,11 @@ class Watchdog(Closable):
     # -- the thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
-        while not self._stop.wait(self.tick):
+        while True:
+            self._wake.wait(_LEAVING_TICK if self._leaving else self.tick)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             if self.paused:
                 continue
             if self.threaded:

@@ -58,6 +58,14 @@ _SETTINGS = {
         "group), compare its kind, shape, dtype, root and sequence number across the "
         "ranks and raise on every rank at the first difference, naming the ranks and both "
         "calls (one small allgather per collective).", ("off", "detail")),
+    "GC_FREEZE": _Setting(
+        "bool", True,
+        "hpcddp.init() moves every object alive at that moment (mostly the imported "
+        "libraries: about 240,000 objects with torch) into the garbage collector's "
+        "permanent generation (gc.freeze()): a full collection during training, a pause "
+        "on one rank that every other rank waits for at the next collective, no longer "
+        "walks them, and ranks exit sooner. Cyclic garbage among those objects is never "
+        "collected. 0: leave the collector as it is."),
     "NUM_THREADS": _Setting(
         "int", 0,
         "torch intra-op threads per rank; 0 means the cores available to this rank "

@@ -78,6 +78,39 @@ def test_init_on_a_sub_communicator():
     assert hpcddp.get_world().size == world_size and dist.get_world_size() == world_size
 
 
+@pytest.mark.parametrize("freeze", ["0", None])
+def test_init_moves_what_exists_out_of_the_collectors_sight(monkeypatch, freeze):
+    """HPCDDP_GC_FREEZE (on by default): init() leaves torch's objects, alive until exit,
+    to the permanent generation, which a full collection does not walk."""
+    import gc
+
+    import torch.distributed as dist
+    world_size = MPI.COMM_WORLD.size
+    if freeze is not None:
+        monkeypatch.setenv("HPCDDP_GC_FREEZE", freeze)
+    hpcddp.shutdown()
+    gc.unfreeze()  # as before any init()
+    assert any(o is torch.nn.Linear for o in gc.get_objects())
+    try:
+        hpcddp.init()
+        seen = any(o is torch.nn.Linear for o in gc.get_objects())
+        if freeze == "0":
+            assert gc.get_freeze_count() == 0 and seen
+        else:
+            # torch alone brings over 100,000 objects the collector would walk.
+            assert gc.get_freeze_count() > 100_000 and not seen
+        # Objects made afterwards are collected as ever.
+        cycle = []
+        cycle.append(cycle)
+        del cycle
+        assert gc.collect() >= 1
+    finally:
+        hpcddp.shutdown()
+        monkeypatch.delenv("HPCDDP_GC_FREEZE", raising=False)
+        hpcddp.init()
+    assert dist.get_world_size() == world_size
+
+
 def test_cuda_awareness_of_this_mpi_is_explained(world):
     # The mpich wheel is built without CUDA; the reason must say how we know.
     assert world.cuda_aware is False
