@@ -40,11 +40,12 @@ tools:
 	     $(SLURM_PACKAGES) >/dev/null 2>&1 &)
 
 # The job tests that time how a failing job ends run one at a time; the others, which
-# wait mostly on process start-up, imports and sleeps, two at a time (pytest-xdist).
+# wait mostly on process start-up, imports and sleeps, two at a time (pytest-xdist, a
+# file to a worker: a module-scoped fixture that starts jobs runs once).
 TIMED_JOBS := tests/jobs/test_hangs.py tests/jobs/test_jobs.py \
               tests/jobs/test_child_processes.py tests/jobs/test_init_process_group.py
 test-unit: venv tools
-	$(PYTEST) -n 2 tests/unit tests/jobs $(addprefix --ignore=,$(TIMED_JOBS))
+	$(PYTEST) -n 2 --dist loadfile tests/unit tests/jobs $(addprefix --ignore=,$(TIMED_JOBS))
 	$(PYTEST) $(TIMED_JOBS)
 
 # A real single-node Slurm (munge, slurmctld, slurmd) started by the tests themselves; as

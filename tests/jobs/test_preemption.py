@@ -25,6 +25,10 @@ def _ranks(marker):
     return pids
 
 
+# Long enough that the signal, sent once epoch 3 is logged, lands well before the end.
+EPOCHS = "16"
+
+
 def _digest(text):
     return re.search(r"parameters_sha256=(\w+)", text).group(1)
 
@@ -47,7 +51,7 @@ def _started(args, log, ready, timeout=120):
 def test_signal_checkpoints_and_exits_then_resume_matches(run_job, tmp_path):
     run_dir = tmp_path / "preempted"
     args = [mpiexec(), "-n", "2", sys.executable, "examples/train_digits.py", "--run-dir",
-            str(run_dir), "--epochs", "40"]
+            str(run_dir), "--epochs", EPOCHS]
     log = tmp_path / "log"
     job = _started(args, log, lambda text: "epoch 3:" in text)
     ranks = _ranks(str(run_dir))
@@ -58,11 +62,11 @@ def test_signal_checkpoints_and_exits_then_resume_matches(run_job, tmp_path):
     text = log.read_text().replace("\r", "\n")
     assert "hpcddp: preempted; not under Slurm, exiting" in text
     assert "world_size=2 test_accuracy" not in text
-    resumed = run_job(["examples/train_digits.py", "--run-dir", run_dir, "--epochs", "40"],
+    resumed = run_job(["examples/train_digits.py", "--run-dir", run_dir, "--epochs", EPOCHS],
                       n=2, timeout=300)
     assert resumed.returncode == 0 and "resumed from" in resumed.stdout, resumed.stderr
     reference = run_job(["examples/train_digits.py", "--run-dir", tmp_path / "straight",
-                         "--epochs", "40"], n=2, timeout=300)
+                         "--epochs", EPOCHS], n=2, timeout=300)
     assert reference.returncode == 0, reference.stderr
     assert _digest(resumed.stdout) == _digest(reference.stdout)
 
