@@ -13,10 +13,14 @@ PYTEST  := $(PY) -m pytest -q
 .PHONY: venv tools demo test test-unit test-mpi test-slurm test-phdf5 test-cluster cluster \
         cluster-down cuda-mpi gpu-check gpu-rehearsal clean
 
+# Bytecode is compiled on every core (pip compiles on one). As with pip, a file that does
+# not compile on this Python (torch ships helpers for 3.12 only) stays source.
 $(STAMP): setup.cfg pyproject.toml constraints-dev.txt
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints-dev.txt -e '.[mpich,test,demo,timeline]'
+	$(PY) -m pip install -q --no-compile -c constraints-dev.txt -e '.[mpich,test,demo,timeline]'
+	$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+	  >/dev/null || true
 	touch $@
 
 venv: $(STAMP)

@@ -57,7 +57,7 @@ SlurmctldHost={ctld_host}
 SlurmctldPort={ctld_port}
 SlurmdPort={d_port}
 AuthType=auth/munge
-AuthInfo=socket={munge_socket},cred_expire=20
+AuthInfo=socket={munge_socket},cred_expire=10
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
