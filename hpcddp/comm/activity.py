@@ -49,6 +49,7 @@ class Channel:
 class _State:
     def __init__(self):
         self.channels: Dict[int, Channel] = {}   # id(comm) -> its channel
+        self.closed: Dict[str, Tuple[int, int]] = {}  # a freed channel's name -> (count, step)
         self.numbers: Dict[tuple, itertools.count] = {}
         self.waits: Dict[int, List["_Wait"]] = {}  # thread ident -> waits, innermost last
         self.last: Optional[tuple] = None        # (what, channel name, number) last issued
@@ -99,8 +100,13 @@ def share(comm, channel: Channel) -> Channel:
 
 
 def forget(comm) -> None:
-    """``comm`` is being freed: a new communicator may reuse its id."""
-    _state.channels.pop(id(comm), None)
+    """``comm`` is being freed: a new communicator may reuse its id. Its final counts stay
+    in reports: a rank that destroyed a group and left had still issued its collectives,
+    and another rank finishing the last of them must not read it as never reached."""
+    channel = _state.channels.pop(id(comm), None)
+    if channel is not None:
+        with _state.lock:
+            _state.closed[channel.name] = (channel.count, channel.step)
 
 
 class _Wait:
@@ -178,12 +184,18 @@ def main_stack(limit: int = 12) -> str:
     return "".join(traceback.format_stack(frame, limit=limit))
 
 
+def _closed_channels() -> Dict[str, Tuple[int, int]]:
+    with _state.lock:
+        return dict(_state.closed)
+
+
 def snapshot(stack: bool = True) -> dict:
     """This rank's state for a report: channel counts, waits, last collective, stack."""
     waits = current_waits()
     main = threading.main_thread().ident
     return {
-        "channels": {c.name: (c.count, c.step) for c in list(_state.channels.values())},
+        "channels": dict(_closed_channels(),
+                         **{c.name: (c.count, c.step) for c in list(_state.channels.values())}),
         "waits": [wait.as_dict() for wait in waits],
         "last": _state.last,
         "in_user_code": not any(wait.thread == main for wait in waits),
