@@ -12,6 +12,7 @@ nothing is written to /etc. Daemons are stopped by PID.
 """
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -53,6 +54,7 @@ def _sbin(name):
 
 CONF = """\
 ClusterName=hpcddp-test
+FirstJobId={first_job}
 SlurmctldHost={ctld_host}
 SlurmctldPort={ctld_port}
 SlurmdPort={d_port}
@@ -86,6 +88,14 @@ AccountingStorageType=accounting_storage/none
 {node_lines}
 PartitionName=debug Nodes={node_list} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 """
+
+
+def _first_job_id():
+    """Where this cluster's job ids start: not at 1 for every cluster. MPICH names its
+    shared-memory segments after the PMI job (Slurm's job and step ids); a job killed
+    before MPI_Finalize leaves them in /dev/shm, and the same ids in the next test
+    cluster would attach to them (MPI_Init then fails with a truncated message)."""
+    return random.randrange(1000, 60_000_000)
 
 
 def _free_port():
@@ -146,7 +156,8 @@ class SlurmCluster:
         self.conf.write_text(CONF.format(ctld_host=ctld_host, dir=d, munge_socket=sock,
                                          cpus=cpus, node_lines=node_lines,
                                          node_list=",".join(names),
-                                         ctld_port=_free_port(), d_port=_free_port()))
+                                         ctld_port=_free_port(), d_port=_free_port(),
+                                         first_job=_first_job_id()))
         ctld = [_sbin("slurmctld"), "-D", "-f", str(self.conf)]
         daemons = {"slurmctld": ctld}
         if emulated is None:
