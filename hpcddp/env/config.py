@@ -61,7 +61,7 @@ _SETTINGS = {
     "GC_FREEZE": _Setting(
         "bool", True,
         "hpcddp.init() moves every object alive at that moment (mostly the imported "
-        "libraries: about 240,000 objects with torch) into the garbage collector's "
+        "libraries: about 170,000 objects with torch) into the garbage collector's "
         "permanent generation (gc.freeze()): a full collection during training, a pause "
         "on one rank that every other rank waits for at the next collective, no longer "
         "walks them, and ranks exit sooner. Cyclic garbage among those objects is never "
