@@ -11,6 +11,8 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from hpcddp.comm.library import library_version_line
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 # The gloo group the tests compare against is the peer the benchmarks measure.
@@ -31,7 +33,7 @@ def timed(comm, fn):
 def machine():
     return {"host": socket.gethostname(), "python": platform.python_version(),
             "torch": torch.__version__,
-            "mpi": MPI.Get_library_version().splitlines()[0].strip(" \t\x00"),
+            "mpi": library_version_line(),
             "cpus": len(__import__("os").sched_getaffinity(0))}
 
 

@@ -14,6 +14,7 @@ from typing import Dict, List
 import numpy as np
 
 from hpcddp.cli import command_parser
+from hpcddp.comm.library import library_version_line
 from hpcddp.comm.ranks import by_value, ranks_text
 
 __all__ = ["main", "rank_report", "find_problems", "find_advice", "allreduce_bandwidth"]
@@ -22,9 +23,8 @@ __all__ = ["main", "rank_report", "find_problems", "find_advice", "allreduce_ban
 _MUST_AGREE = ("hpcddp", "torch", "mpi4py", "mpi_library", "python")
 
 
-def _mpi_library(MPI) -> str:
-    first = MPI.Get_library_version().strip().splitlines()[0]
-    return " ".join(first.split(",")[0].split())
+def _mpi_library() -> str:
+    return " ".join(library_version_line().split(",")[0].split())
 
 
 def rank_report(world) -> Dict[str, object]:
@@ -39,7 +39,7 @@ def rank_report(world) -> Dict[str, object]:
     return {
         "host": world.hostname, "rank": world.rank, "local_rank": world.local_rank,
         "node_rank": world.node_rank, "device": str(world.device),
-        "threads": world.num_threads, "mpi_library": _mpi_library(MPI),
+        "threads": world.num_threads, "mpi_library": _mpi_library(),
         "mpi_standard": "%d.%d" % MPI.Get_version(), "launcher": world.launcher,
         "thread_level": world.thread_level,
         "cuda_aware": world.cuda_aware, "cuda_aware_reason": world.cuda_aware_reason,

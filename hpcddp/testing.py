@@ -37,10 +37,10 @@ def pytest_configure(config):
 
 
 def pytest_report_header(config):
-    from mpi4py import MPI
+    from hpcddp.comm.library import library_version_line
 
     world = _state["world"]
-    library = " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
+    library = " ".join(library_version_line().split())
     return [f"MPI: {library}, rank {world.rank} of {world.size} "
             f"({world.num_nodes} node(s)), torch threads per rank: {world.num_threads}"]
 

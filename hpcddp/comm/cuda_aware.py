@@ -10,6 +10,8 @@ from typing import NamedTuple, Optional
 
 from mpi4py import MPI
 
+from hpcddp.comm.library import mapped_mpi_libraries
+
 __all__ = ["CudaAwareness", "detect_cuda_aware", "query_mpix_cuda_support"]
 
 
@@ -30,14 +32,7 @@ def _loaded_mpi_library():
     libmpi itself at run time, the mapped files name it.
     """
     mode = getattr(os, "RTLD_NOLOAD", 0) | ctypes.RTLD_LOCAL
-    candidates = [MPI.__file__]
-    try:
-        with open("/proc/self/maps") as maps:
-            candidates += sorted({line.split()[-1] for line in maps
-                                  if "libmpi" in line or "libmpich" in line})
-    except OSError:
-        pass
-    for path in candidates:
+    for path in [MPI.__file__, *mapped_mpi_libraries()]:
         try:
             lib = ctypes.CDLL(path, mode=mode)
         except OSError:

@@ -19,6 +19,7 @@ import sys
 import time
 from typing import NamedTuple, Optional, Sequence
 
+from hpcddp.comm.library import launcher_of_loaded_mpi
 from hpcddp.env.jobvars import clean_environment
 
 __all__ = ["CUPY_PAIR_SETUP", "DeviceVerdict", "HOST_PAIR_SETUP", "PAIR_CHECKS", "SelfTest",
@@ -114,12 +115,14 @@ def pair_test_code(setup: str = CUPY_PAIR_SETUP) -> str:
 
 def pair_launcher(setting: str = "") -> Sequence[str]:
     """The command that starts 2 processes of this MPI: ``setting`` (e.g. ``"mpirun
-    --oversubscribe"``), else the ``mpiexec`` beside this Python (the ``mpich`` wheel's
-    in a virtual environment), else ``mpiexec`` or ``mpirun`` on PATH."""
+    --oversubscribe"``), else the launcher installed with the MPI library this process
+    loaded, else the ``mpiexec`` beside this Python (the ``mpich`` wheel's in a virtual
+    environment), else ``mpiexec`` or ``mpirun`` on PATH. Another MPI's launcher would
+    start two singletons, and the check would fail for the launcher's sake."""
     if setting.strip():
         return setting.split() + ["-n", "2"]
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    found = beside if os.access(beside, os.X_OK) else \
+    found = launcher_of_loaded_mpi() or (beside if os.access(beside, os.X_OK) else None) or \
         shutil.which("mpiexec") or shutil.which("mpirun")
     if found is None:
         raise FileNotFoundError("no mpiexec or mpirun to start the two-process self-test; "

@@ -25,6 +25,7 @@ import torch
 from mpi4py import MPI
 
 from hpcddp.comm import activity, timeline
+from hpcddp.comm.library import library_version_line
 from hpcddp.ddp.search import Search, Setting, Space
 from hpcddp.env import get_setting
 from hpcddp.notices import warn_user
@@ -273,7 +274,7 @@ def make_autotuner(reducer, control, world) -> Autotuner:
     fingerprint = {
         "world size": control.size, "nodes": world.num_nodes,
         "ranks per node": world.local_size, "device": world.device.type,
-        "MPI": MPI.Get_library_version().strip().splitlines()[0][:120],
+        "MPI": library_version_line()[:120],
         "cuda-aware": bool(world.cuda_aware),
         "model": [list(p.shape) for p in dense][:4096],
     }

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from hpcddp.comm import library, selftest
 from hpcddp.comm.selftest import DeviceVerdict, SelfTest, pair_launcher, run_pair_check
 from hpcddp.env import clean_environment
 
@@ -79,6 +80,7 @@ def test_launcher_and_scheduler_variables_do_not_reach_the_job(monkeypatch):
 
 def test_the_launcher_is_the_setting_or_the_mpiexec_beside_python(monkeypatch, tmp_path):
     assert pair_launcher("mpirun --oversubscribe") == ["mpirun", "--oversubscribe", "-n", "2"]
+    monkeypatch.setattr(selftest, "launcher_of_loaded_mpi", lambda: None)  # none loaded
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     if os.access(beside, os.X_OK):
         assert pair_launcher() == [beside, "-n", "2"]
@@ -86,6 +88,40 @@ def test_the_launcher_is_the_setting_or_the_mpiexec_beside_python(monkeypatch, t
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="HPCDDP_SELFTEST_LAUNCHER"):
         pair_launcher()
+
+
+def test_the_loaded_mpis_own_launcher_comes_before_the_one_beside_python(monkeypatch,
+                                                                          tmp_path):
+    # A CUDA-aware Open MPI loaded through LD_LIBRARY_PATH in a virtual environment that
+    # also holds the mpich wheel's mpiexec: hydra would start two singletons of it.
+    prefix = tmp_path / "openmpi"
+    (prefix / "lib").mkdir(parents=True)
+    (prefix / "bin").mkdir()
+    (prefix / "lib" / "libmpi.so.40.30.4").write_bytes(b"")
+    (prefix / "lib" / "libmpi.so.40").symlink_to("libmpi.so.40.30.4")
+    (prefix / "bin" / "mpirun").write_text("#!/bin/sh\n")
+    (prefix / "bin" / "mpirun").chmod(0o755)
+    monkeypatch.setattr(library, "mapped_mpi_libraries",
+                        lambda: [str(prefix / "lib" / "libmpi.so.40")])
+    assert pair_launcher() == [str(prefix / "bin" / "mpirun"), "-n", "2"]
+    (prefix / "bin" / "mpirun").unlink()  # an installation without its launcher
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="HPCDDP_SELFTEST_LAUNCHER"):
+        pair_launcher()
+
+
+def test_this_process_maps_the_library_mpi4py_loaded():
+    from mpi4py import MPI
+    found = library.mapped_mpi_libraries()
+    # The library MPI itself names (MPICH's or Open MPI's) is among the files mapped.
+    assert found and all(os.path.isfile(f) for f in found)
+    kind = "libmpi.so.40" if MPI.Get_library_version().startswith("Open MPI") else "libmpi"
+    assert any(os.path.basename(f).startswith(kind) for f in found)
+    launcher = library.launcher_of_loaded_mpi()
+    assert launcher is None or os.access(launcher, os.X_OK)
+    line = library.library_version_line()  # Open MPI's string ends with a NUL
+    assert line == MPI.Get_library_version().splitlines()[0].strip(" \x00") and "\x00" not in line
 
 
 def test_job_variables_go_and_mpi_settings_stay():

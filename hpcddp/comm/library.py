@@ -1,0 +1,41 @@
+"""The MPI library this process has loaded, and the launcher installed with it.
+
+mpi4py may load one of several MPIs (``MPI4PY_MPIABI``, ``LD_LIBRARY_PATH``), and a
+virtual environment may hold the ``mpich`` wheel's ``mpiexec`` beside a site's CUDA-aware
+Open MPI: what is on PATH, or beside Python, need not be the loaded library's. The
+library's own files tell: the mapped ``libmpi`` and the ``bin`` of its installation.
+"""
+
+import os
+from typing import List, Optional
+
+__all__ = ["launcher_of_loaded_mpi", "library_version_line", "mapped_mpi_libraries"]
+
+
+def library_version_line() -> str:
+    """The first line of ``MPI_Get_library_version``, without the NUL that Open MPI's
+    string ends with (``str.strip`` keeps it)."""
+    from mpi4py import MPI
+    return MPI.Get_library_version().strip(" \t\r\n\x00").splitlines()[0].strip()
+
+
+def mapped_mpi_libraries() -> List[str]:
+    """Paths of the MPI libraries mapped into this process (``libmpi*``, ``libmpich*``)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            files = {line.split()[-1] for line in maps if "/" in line}
+    except OSError:
+        return []
+    return sorted(f for f in files if os.path.basename(f).startswith(("libmpi.", "libmpich.")))
+
+
+def launcher_of_loaded_mpi() -> Optional[str]:
+    """The ``mpiexec`` (else ``mpirun``) of the installation whose MPI library this process
+    loaded (``<prefix>/bin`` beside ``<prefix>/lib``), or None where there is none."""
+    for library in mapped_mpi_libraries():
+        prefix = os.path.dirname(os.path.dirname(os.path.realpath(library)))
+        for name in ("mpiexec", "mpirun"):
+            path = os.path.join(prefix, "bin", name)
+            if os.access(path, os.X_OK):
+                return path
+    return None
