@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 import hpcddp
+from hpcddp.checkpoint import store
 from gloo_group import make_gloo_group
 from gpu import skip_or_fail_without_gpu
 
@@ -26,6 +27,8 @@ def folder(world):
     yield os.path.join(path, "ckpt")
     world.comm.Barrier()
     if world.rank == 0:
+        # keep_last deletes old checkpoints in a background thread; let it finish first.
+        store.finish_removal()
         shutil.rmtree(path)
 
 
