@@ -113,7 +113,7 @@ test-phdf5: $(PHDF5_STAMP)
 
 # A CUDA-aware Open MPI (Debian's 4.1.4 source, UCX with CUDA from PyPI, the CUDA toolkit
 # at CUDA_HOME), built here and carried to a GPU machine: build/cuda-mpi.tar.xz.
-# About half an hour on 2 cores; not part of `make test`.
+# About 5 minutes on 2 cores; not part of `make test`.
 cuda-mpi: venv
 	bash benchmarks/cuda_mpi.sh
 

@@ -10,7 +10,7 @@
 # (open-mpi/ompi#9845, #12045).
 #
 # Result, under build/cuda-mpi/: openmpi/ (the install, stripped), ucx/ (the libraries
-# Open MPI loads), env.sh (source it: PATH,
+# Open MPI loads), wheels/ (mpi4py for Python 3.11 and 3.12), env.sh (source it: PATH,
 # OPAL_PREFIX, LD_LIBRARY_PATH for wherever the folder ends up), and
 # build/cuda-mpi.tar.xz to carry.
 set -euo pipefail
@@ -81,12 +81,25 @@ export PATH=$CUDA_MPI/openmpi/bin:$PATH
 export LD_LIBRARY_PATH=$CUDA_MPI/openmpi/lib:$CUDA_MPI/ucx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export UCX_MODULE_DIR=$CUDA_MPI/ucx/lib/ucx
 export OMPI_MCA_pml=ucx OMPI_MCA_osc=ucx
+# Open MPI 4.1 takes UCX only where it sees InfiniBand or cuda_ipc (pml_ucx_tls,
+# pml_ucx_devices); on one node without them (shared memory, tcp, cuda_copy) UCX would
+# be refused and, with pml=ucx, MPI_Init would fail.
+export OMPI_MCA_pml_ucx_tls=any OMPI_MCA_pml_ucx_devices=any
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export MPI4PY_MPIABI=openmpi
 ENV
 
 # 5. No mpi4py build: the stock mpi4py 4.1 wheel carries an Open MPI variant, picked at
 # import by MPI4PY_MPIABI=openmpi (env.sh sets it) with this libmpi.so.40 on the path.
+# Its wheels ride along (1.3 MB each), for a GPU machine whose mpi4py is older or built
+# for another MPI: this venv's version, for this Python and the GPU image's 3.12.
+MPI4PY_VERSION=$("$PY" -c 'import mpi4py; print(mpi4py.__version__)')
+rm -rf "$OUT/wheels"
+for pyver in 3.11 3.12; do
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" \
+    --platform manylinux_2_17_x86_64 --platform manylinux_2_5_x86_64 -d "$OUT/wheels" \
+    "mpi4py==$MPI4PY_VERSION"
+done
 
 # 6. Proof, and the size to carry.
 (source "$OUT/env.sh" && ompi_info --parsable --all | grep -m1 "mpi_built_with_cuda_support:value")

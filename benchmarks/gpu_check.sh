@@ -17,17 +17,21 @@
 #
 # A failed step is recorded and the next one runs; $OUT/summary.txt lists every step
 # with its status and seconds, and the exit status is the number of failed steps.
-# Rehearsal (no GPU): the same steps with the mpich wheel standing in for the CUDA-aware
-# MPI where build/cuda-mpi.tar.xz is absent; the steps that need a GPU must fail, and
-# only those (they are marked "gpu" in the summary).
+# Rehearsal (no GPU): the same steps, with the carried MPI where build/cuda-mpi.tar.xz is
+# there and the mpich wheel standing in where it is absent; the steps that need a GPU
+# must fail, and only those (they are marked "gpu" in the summary). It adds the test and
+# benchmark jobs of steps 3 and 4 on host buffers, to prove their commands here.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${OUT:-$ROOT/gpu-check-out}
 REHEARSAL=${GPU_CHECK_REHEARSAL:-0}
-PY=${PY:-$(command -v python3)}
-[ -x "$ROOT/.venv/bin/python" ] && [ "$REHEARSAL" = 1 ] && PY=$ROOT/.venv/bin/python
+if [ -z "${PY:-}" ]; then  # the machine's Python; a rehearsal's default is the dev venv's
+  PY=$(command -v python3)
+  [ "$REHEARSAL" = 1 ] && [ -x "$ROOT/.venv/bin/python" ] && PY=$ROOT/.venv/bin/python
+fi
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 SUMMARY=$OUT/summary.txt
 : > "$SUMMARY"
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 HPCDDP_NUM_THREADS=1
@@ -58,6 +62,23 @@ if [ -f "$TARBALL" ]; then
   # shellcheck disable=SC1091
   source "$MPI_DIR/cuda-mpi/env.sh"
   export MPI4PY_MPIABI=openmpi
+  # Without a driver (a rehearsal) Open MPI warns in every process that CUDA is off.
+  [ "$REHEARSAL" = 1 ] && export OMPI_MCA_opal_warn_on_missing_libcuda=0
+  # The machine's own mpi4py serves where it loads this Open MPI (4.1's stock wheel does);
+  # an older one, or one built for another MPI, gives way to the wheel carried in the
+  # tarball (cuda-mpi/wheels, one per Python), unpacked ahead of it on PYTHONPATH.
+  if ! "$PY" -c "from mpi4py import MPI; assert MPI.Get_library_version().startswith('Open MPI')" \
+       > "$OUT/mpi4py_probe.log" 2>&1; then
+    tag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+    wheel=$(ls "$MPI_DIR"/cuda-mpi/wheels/mpi4py-*-"$tag"-*.whl 2>/dev/null | head -n 1)
+    if [ -n "$wheel" ]; then
+      "$PY" -m zipfile -e "$wheel" "$OUT/pylib"
+      export PYTHONPATH=$OUT/pylib:$PYTHONPATH
+      echo "mpi4py: this Python's does not load Open MPI ($(tail -n 1 "$OUT/mpi4py_probe.log")); using $(basename "$wheel")" | tee -a "$SUMMARY"
+    else
+      echo "mpi4py: this Python's does not load Open MPI and no carried wheel is for $tag" | tee -a "$SUMMARY"
+    fi
+  fi
   # mpirun passes on only what -x names; the modes' variables are set per step, so every
   # name is given a value here (an unset one draws a warning and is not passed).
   export HPCDDP_REDUCE=${HPCDDP_REDUCE:-auto} HPCDDP_TEST_GPU=${HPCDDP_TEST_GPU:-0}
@@ -78,7 +99,7 @@ fi
 step versions any 60 "$PY" -c "import sys, torch, mpi4py; from mpi4py import MPI
 print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
       'devices', torch.cuda.device_count(), 'mpi4py', mpi4py.__version__)
-print(MPI.Get_library_version().splitlines()[0])"
+from hpcddp.comm.library import library_version_line; print(library_version_line())"
 step gpu_present gpu 60 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device')"
 
 # -- 2. the self-test and Open MPI's device Iallreduce --------------------------------------
@@ -110,13 +131,26 @@ for mode in mpi ring staged auto; do
   step "cuda_tests_$mode" gpu 240 env HPCDDP_REDUCE=$mode HPCDDP_TEST_GPU=1 \
     "${MPIRUN[@]}" -n 2 "$PY" -m pytest -q -x -p hpcddp.testing -k "cuda or gpu or sparse" \
     "${CUDA_TESTS[@]}"
+  # A rehearsal also runs the same files, launcher and mode on host buffers (the GPU
+  # cases skip), so that the command itself is proven before a GPU run.
+  [ "$REHEARSAL" = 1 ] && step "host_tests_$mode" any 240 env HPCDDP_REDUCE=$mode \
+    HPCDDP_TEST_GPU=0 "${MPIRUN[@]}" -n 2 "$PY" -m pytest -q -x -p hpcddp.testing \
+    "${CUDA_TESTS[@]}"
 done
 
 # -- 4. the DDP step on the GPU ------------------------------------------------------------
-for mode in mpi ring staged auto; do
+# auto, what users get, on every model; the forced modes on the MLP (the target's model),
+# to keep the whole check within one 10-minute run.
+for mode in auto mpi ring staged; do
+  models=mlp
+  [ "$mode" = auto ] && models=mlp,mlp_b1024,toy_cifar
   step "bench_ddp_$mode" gpu 240 env HPCDDP_REDUCE=$mode "${MPIRUN[@]}" -n 2 "$PY" \
-    benchmarks/bench_ddp.py --device cuda --steps 30 --name "ddp_cuda_$mode"
+    benchmarks/bench_ddp.py --device cuda --steps 30 --models "$models" --name "ddp_cuda_$mode"
   cp benchmarks/results/ddp_cuda_$mode.json "$OUT/" 2>/dev/null
+  # A rehearsal: the same job on the CPU, a few steps, its JSON under $OUT.
+  [ "$REHEARSAL" = 1 ] && step "host_bench_ddp_$mode" any 240 env HPCDDP_REDUCE=$mode \
+    "${MPIRUN[@]}" -n 2 "$PY" benchmarks/bench_ddp.py --steps 2 --models mlp \
+    --name "$OUT/host_ddp_$mode"
 done
 
 echo "failed steps: $FAILED" | tee -a "$SUMMARY"
