@@ -38,6 +38,7 @@ __all__ = ["Watchdog"]
 _QUERY, _REPLY, _LEFT = 1, 2, 3
 _ANSWER_SECONDS = 5.0  # how long a report waits for the other ranks' answers
 _LEAVING_TICK = 0.005  # the thread's period once this rank is leaving
+_DEFER_SECONDS = 10.0  # how long a rank cut off from rank 0's node leaves the verdict to it
 
 
 class Watchdog(Closable):
@@ -161,7 +162,7 @@ class Watchdog(Closable):
                                  f"can never complete")
             elif self.timeout and now - wait.since >= self.timeout:
                 self._fail(wait, f"no progress for {now - wait.since:.0f} s "
-                                 f"(HPCDDP_TIMEOUT={self.timeout:g})")
+                                 f"(HPCDDP_TIMEOUT={self.timeout:g})", defer=True)
             elif self.stall_warn and not wait.warned and now - wait.since >= self.stall_warn:
                 wait.warned = True
                 self._warn(wait)
@@ -256,8 +257,7 @@ class Watchdog(Closable):
                     found.append(f"rank {rank} waits in {other['call']}")
         return found
 
-    def _report(self, wait, reason: str) -> str:
-        replies = self._ask_everyone()
+    def _report(self, wait, reason: str, replies) -> str:
         missing = self._missing(wait, replies)
         lines = [f"it waits in {wait.describe()}: {reason}."]
         if missing:
@@ -297,9 +297,39 @@ class Watchdog(Closable):
                          f"Still waiting; {limit}.\n")
         sys.stderr.flush()
 
-    def _fail(self, wait, reason: str) -> None:
+    def _fail(self, wait, reason: str, defer: bool = False) -> None:
+        replies = self._ask_everyone()
+        if defer and self._cut_off_from_rank_zero(replies):
+            self._defer_to_rank_zero()
+            if wait not in activity.current_waits():
+                return  # the link came back and the wait completed
         abort_job(self.comm, "a wait cannot complete; aborting all ranks",
-                  detail=self._report(wait, reason))
+                  detail=self._report(wait, reason, replies))
+
+    def _cut_off_from_rank_zero(self, replies) -> bool:
+        """Whether this rank is on another node than rank 0's and no rank there answered."""
+        home = self.hosts[0]
+        if not self.threaded or self.hosts[self.rank] == home:
+            return False
+        return all(r not in replies and r not in self.departed
+                   for r, host in enumerate(self.hosts) if host == home)
+
+    def _defer_to_rank_zero(self) -> None:
+        """Give rank 0's side ``_DEFER_SECONDS`` to report and end the job, answering
+        questions meanwhile.
+
+        A link that fails between nodes leaves each side seeing the other silent, and
+        both time out together. The report that matters is rank 0's side's: the launcher
+        runs there (mpiexec, srun and mpirun start on the allocation's first node), so its
+        output arrives. A job ended from the far side first can lose both reports: the far
+        side's behind the failing link, and the near side's, whose ranks die (seen: of
+        SIGSEGV inside MPI) as the far side's are killed. If rank 0's side is truly gone,
+        this rank ends the job itself afterwards.
+        """
+        deadline = time.monotonic() + _DEFER_SECONDS
+        while time.monotonic() < deadline and not self._stop.is_set():
+            self._serve()
+            time.sleep(0.05)
 
 
 def _ranks(ranks) -> str:

@@ -87,6 +87,8 @@ def test_fault_ends_the_job_then_a_rerun_resumes(healthy, uninterrupted, tmp_pat
     else:
         assert f"No rank on node {victim} (ranks 2,3) answered" in job.output, job.output
         assert f"no progress for {TIMEOUT} s" in job.output
+        # The far side sees rank 0's node silent too; it leaves the report to rank 0's.
+        assert f"No rank on node {cluster.nodes[0]}" not in job.output, job.output
 
     for node in cluster.nodes:  # the healthy cluster again
         cluster.set_link(node, True)
