@@ -55,7 +55,10 @@ step() {
 # -- 1. the MPI ---------------------------------------------------------------------------
 # CUDA_MPI_TARBALL: the carried MPI; a rehearsal may point it at a stand-in of the same
 # shape (cuda-mpi/env.sh) around a host-only Open MPI, to run the Open MPI road here.
-MPI_DIR=$OUT/cuda-mpi
+# Unpacked outside $OUT, which holds only logs and figures (the device tool returns all
+# of $OUT; 33 MB of libraries need not come back).
+MPI_DIR=${GPU_CHECK_WORK:-$ROOT/build/gpu-check-work}
+rm -rf "$MPI_DIR"
 TARBALL=${CUDA_MPI_TARBALL:-$ROOT/build/cuda-mpi.tar.xz}
 if [ -f "$TARBALL" ]; then
   mkdir -p "$MPI_DIR" && tar -C "$MPI_DIR" -xJf "$TARBALL"
@@ -72,8 +75,8 @@ if [ -f "$TARBALL" ]; then
     tag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
     wheel=$(ls "$MPI_DIR"/cuda-mpi/wheels/mpi4py-*-"$tag"-*.whl 2>/dev/null | head -n 1)
     if [ -n "$wheel" ]; then
-      "$PY" -m zipfile -e "$wheel" "$OUT/pylib"
-      export PYTHONPATH=$OUT/pylib:$PYTHONPATH
+      "$PY" -m zipfile -e "$wheel" "$MPI_DIR/pylib"
+      export PYTHONPATH=$MPI_DIR/pylib:$PYTHONPATH
       echo "mpi4py: this Python's does not load Open MPI ($(tail -n 1 "$OUT/mpi4py_probe.log")); using $(basename "$wheel")" | tee -a "$SUMMARY"
     else
       echo "mpi4py: this Python's does not load Open MPI and no carried wheel is for $tag" | tee -a "$SUMMARY"
