@@ -102,7 +102,7 @@ fi
 step versions any 60 "$PY" -c "import sys, torch, mpi4py; from mpi4py import MPI
 print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
       'devices', torch.cuda.device_count(), 'mpi4py', mpi4py.__version__)
-from hpcddp.comm.library import library_version_line; print(library_version_line())"
+from hpcddp.mpi_library import library_version_line; print(library_version_line())"
 step gpu_present gpu 60 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device')"
 
 # -- 2. the self-test and Open MPI's device Iallreduce --------------------------------------

@@ -19,8 +19,8 @@ import sys
 import time
 from typing import NamedTuple, Optional, Sequence
 
-from hpcddp.comm.library import launcher_of_loaded_mpi
 from hpcddp.env.jobvars import clean_environment
+from hpcddp.mpi_library import launcher_of_loaded_mpi
 
 __all__ = ["CUPY_PAIR_SETUP", "DeviceVerdict", "HOST_PAIR_SETUP", "PAIR_CHECKS", "SelfTest",
            "pair_launcher", "pair_test_code", "run_device_checks", "run_pair_check"]

@@ -25,9 +25,9 @@ import torch
 from mpi4py import MPI
 
 from hpcddp.comm import activity, timeline
-from hpcddp.comm.library import library_version_line
 from hpcddp.ddp.search import Search, Setting, Space
 from hpcddp.env import get_setting
+from hpcddp.mpi_library import library_version_line
 from hpcddp.notices import warn_user
 
 __all__ = ["Autotuner", "apply_setting", "make_autotuner", "reductions_to_try",
