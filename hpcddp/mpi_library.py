@@ -20,13 +20,14 @@ def library_version_line() -> str:
 
 
 def mapped_mpi_libraries() -> List[str]:
-    """Paths of the MPI libraries mapped into this process (``libmpi*``, ``libmpich*``)."""
+    """Paths of the MPI libraries mapped into this process: ``libmpi*`` (MPICH's, Open
+    MPI's, Cray's ``libmpi_cray``, the MPI ABI's ``libmpi_abi``) and ``libmpich*``."""
     try:
         with open("/proc/self/maps") as maps:
             files = {line.split()[-1] for line in maps if "/" in line}
     except OSError:
         return []
-    return sorted(f for f in files if os.path.basename(f).startswith(("libmpi.", "libmpich.")))
+    return sorted(f for f in files if os.path.basename(f).startswith("libmpi"))
 
 
 def launcher_of_loaded_mpi() -> Optional[str]:
