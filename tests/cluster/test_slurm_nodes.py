@@ -2,7 +2,9 @@
 two nodes x two ranks trains, a preemption checkpoints and requeues once and ends with
 the parameters of an uninterrupted run, and srun without PMI is refused on every task."""
 
+import json
 import re
+import shutil
 import sys
 import time
 
@@ -72,3 +74,56 @@ def test_srun_without_pmi_is_refused_on_every_task(slurm_nodes, tmp_path):
     assert info["JobState"] == "FAILED", text
     assert text.count("MPI world size is 1 but SLURM_STEP_NUM_TASKS=4") == 4, text
     assert "srun --mpi=pmi2" in text
+
+
+def test_slurm_pmi1_reads_a_request_in_one_1024_byte_read(slurm_nodes, tmp_path):
+    """Why MPI_Init under `srun --mpi=pmi2` sometimes failed with a garbled put: Slurm's
+    plugin takes a PMI-1 request in one read() of at most 1024 bytes, so a longer line is
+    cut and its tail read as a request of its own, yet it offers values of up to 1024
+    characters (vallen_max). MPICH fills each value to 1022 hex characters at worst (511
+    raw bytes a segment) and its 4 KiB business card is mostly uninitialized memory, so
+    whether a line passes 1024 bytes depends on what that memory held."""
+    log = tmp_path / "pmi1.out"
+    job = slurm_nodes.sbatch("-N", "1", "-n", "1", "--output", log, "--wrap",
+                             f"srun --mpi=pmi2 -n 1 {sys.executable} "
+                             f"{ROOT / 'tests/cluster/scripts/pmi1_lines.py'}", env=ENV)
+    info = slurm_nodes.wait(job, timeout=120)
+    text = read_log(log)
+    assert info["JobState"] == "COMPLETED", text
+    result = json.loads(next(line for line in text.splitlines() if line.startswith("{")))
+    assert result["vallen_max"] == 1024
+    assert result["short"]["intact"] and result["short"]["line"] <= 1024, result
+    long = result["long"]
+    assert long["line"] > 1024 and long["sent"] < result["vallen_max"], result
+    # Accepted with rc=0, but what was stored is not what was sent.
+    assert long["put"] == "cmd=put_result rc=0" and not long["intact"], result
+    # MPICH's worst case for a business card segment under a job id of 8 digits.
+    head = "cmd=put kvsname=12345678.0 key=-allgather-1-0-seg-1/9 value="
+    assert len(head) + 2 * 511 + 1 > 1024
+
+
+def test_two_node_pmi2_job_starts_with_more_modules_in_the_package(slurm_nodes, tmp_path):
+    """A copy of hpcddp with extra modules in hpcddp/comm starts a 2-node pmi2 job (the
+    folder's contents were once blamed for the failure the test above explains)."""
+    copy = tmp_path / "pkg"
+    shutil.copytree(ROOT / "hpcddp", copy / "hpcddp",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for index in range(3):
+        (copy / "hpcddp" / "comm" / f"extra_{index}.py").write_text(f"VALUE = {index}\n")
+    log = tmp_path / "extra.out"
+    script = ROOT / "tests/jobs/scripts/show_world.py"
+    # The copy first, past the editable install's import hook (a meta path finder).
+    (tmp_path / "start.py").write_text(
+        "import runpy, sys\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f)]\n"
+        f"sys.path.insert(0, {str(copy)!r})\n"
+        "import hpcddp\n"
+        f"assert hpcddp.__file__.startswith({str(copy)!r}), hpcddp.__file__\n"
+        f"runpy.run_path({str(script)!r})\n")
+    job = slurm_nodes.sbatch("-N", "2", "-n", "4", "--output", log, "--wrap",
+                             f"srun --mpi=pmi2 -N 2 -n 4 {sys.executable} {tmp_path / 'start.py'}",
+                             env=ENV)
+    info = slurm_nodes.wait(job, timeout=180)
+    text = read_log(log)
+    assert info["JobState"] == "COMPLETED", text
+    assert sorted(re.findall(r"rank=(\d) size=4", text)) == ["0", "1", "2", "3"], text
