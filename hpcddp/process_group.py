@@ -155,8 +155,8 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
                              f"sparse tensor at a time (SUM or AVG), got "
                              f"{len(tensors)} tensors and {name.upper()}")
         self._check_open()
-        with self.transport.lock:
-            total = allreduce_sparse(self.comm, tensors[0], tensors[0])
+        total = self.transport.blocking(
+            lambda: allreduce_sparse(self.comm, tensors[0], tensors[0]))
         tensors[0].copy_(total / self.comm.size if avg else total)
         return self._work([], list(tensors))
 

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 from mpi4py import MPI
 
 from hpcddp.comm import activity
+from hpcddp.comm.backoff import Backoff
 
 __all__ = ["Handle", "HandleTimeout", "wait_all"]
 
@@ -123,7 +124,7 @@ class Handle:
         return self.result
 
     def _poll(self, timeout: float) -> None:
-        deadline, pause = time.monotonic() + timeout, 1e-5
+        deadline, backoff = time.monotonic() + timeout, Backoff(spins=0)
         while not self.test():
             left = deadline - time.monotonic()
             if left <= 0:
@@ -131,8 +132,7 @@ class Handle:
                     f"hpcddp: {self.name} did not complete within {timeout:g} s: a rank "
                     f"taking part has not reached it yet. It stays pending (MPI cannot cancel "
                     f"a collective); wait again, or end the job")
-            time.sleep(min(pause, left))
-            pause = min(pause * 2, 1e-3)
+            backoff.pause(longest=left)
 
     def source(self, index: int = 0) -> int:
         """The sender of request ``index`` (a receive), once complete; needs ``statuses=True``."""

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from hpcddp.comm.backoff import Backoff, poll_until
 from hpcddp.comm.ops import mpi_op
 from hpcddp.comm.topology import node_layout
 from hpcddp.transport.ring import ring_bounds
@@ -108,8 +109,9 @@ class _Slices:
         return all(chain.finished for chain in self.chains)
 
     def Wait(self) -> None:  # noqa: N802
-        while not self.Test():
-            pass
+        # Each poll also issues the next stage of a slice whose stage completed, so the
+        # pauses stop short (0.1 ms): no core held spinning, and the pipeline kept fed.
+        poll_until(self.Test, Backoff(cap=1e-4))
 
 
 class NodeAwareAllreduce:

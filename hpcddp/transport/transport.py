@@ -13,12 +13,13 @@ One lock per transport serializes its MPI calls, so the progress thread
 
 import threading
 from collections import deque
-from typing import Callable, Deque, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
 
 import torch
 from mpi4py import MPI
 
 from hpcddp.comm import activity, timeline
+from hpcddp.comm.backoff import Backoff
 from hpcddp.comm.fingerprint import CollectiveCheck
 from hpcddp.comm.handle import Handle
 from hpcddp.env import get_setting
@@ -327,8 +328,28 @@ class Transport:
 
         .. warning:: Synchronization point with the producing streams.
         """
+        backoff = Backoff()
         while self._unissued:
+            before = (len(self._unissued), len(self._issued))
             self.advance()
+            if (len(self._unissued), len(self._issued)) != before:
+                backoff.reset()
+            else:
+                backoff.pause()
+
+    def blocking(self, collective: Callable[[], Any]) -> Any:
+        """Run ``collective``, a blocking collective on this transport's communicator, in
+        start order: every operation started before it is issued first.
+
+        On a GPU an operation started earlier may still wait for its data; issued after
+        the blocking one on a rank whose event was late and before it on another, the two
+        would match the wrong collectives across ranks.
+
+        .. warning:: Synchronization point with the producing streams; collective.
+        """
+        with self.lock:
+            self.issue_all()
+            return collective()
 
     def issue_through(self, piece: _Piece) -> None:
         """Issue every piece up to and including ``piece``, blocking on their events.

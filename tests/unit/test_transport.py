@@ -6,6 +6,7 @@ the tensors (on the CPU). The same transfers run on a real GPU in
 ``tests/mpi/test_ddp_vs_single.py`` and ``test_ddp_vs_torch.py`` (their CUDA variants).
 """
 
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -269,3 +270,40 @@ def test_a_transfer_that_times_out_names_itself_and_stays_pending(cuda):
     assert not transfer.done and t.pending() == 1
     transfer.ready.done = True
     assert torch.equal(transfer.wait(timeout=5), torch.ones(2))
+
+
+class TimedEvent(FakeEvent):
+    """Completes once ``seconds`` have passed, counting the queries until then."""
+
+    def __init__(self, cuda, seconds):
+        super().__init__(cuda)
+        self.at, self.queries = time.monotonic() + seconds, 0
+
+    def query(self):
+        self.queries += 1
+        return time.monotonic() >= self.at
+
+
+def test_a_blocking_collective_is_issued_after_every_operation_started_before_it(cuda):
+    # A sparse all_reduce (blocking) after a device all_reduce whose data is not ready
+    # yet: issued first on a rank whose event is late and second on another, the two
+    # would meet the wrong collectives.
+    t = transport(cuda)
+    transfer = t.allreduce(torch.ones(4), slot=0, route=t.device)
+    transfer.ready = SlowEvent(cuda, 3, t)
+    assert t.pending() == 1
+    issued_before = t.blocking(lambda: t.collectives)
+    assert issued_before == 1 and t.pending() == 0
+    transfer.wait()
+    assert torch.equal(transfer.result, torch.ones(4))
+
+
+def test_waiting_for_a_late_event_pauses_between_polls(cuda):
+    # 50 ms of waiting: back-to-back polling would query the event ~10^5 times and hold
+    # the core and the GIL; with pauses growing to 1 ms it is under a few hundred.
+    t = transport(cuda)
+    transfer = t.allreduce(torch.ones(4), slot=0, route=t.device)
+    event = transfer.ready = TimedEvent(cuda, 0.05)
+    t.issue_all()
+    assert t.pending() == 0 and 1 <= event.queries < 500, event.queries
+    transfer.wait()

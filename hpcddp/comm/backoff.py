@@ -1,0 +1,61 @@
+"""How a thread polls something that is not ready yet: a few polls back to back, then
+pauses that grow to a cap.
+
+MPI makes progress only while some thread is inside it, so a wait on a request polls
+(``Test``) instead of blocking; a wait on a CUDA event polls ``query()``. Polling back to
+back with no pause holds a core and Python's GIL for as long as the wait lasts: the
+watchdog, the progress thread and a DataLoader's pin thread starve, and on an
+oversubscribed node the rank being waited for loses the core it needs. Pausing too long
+adds the pause to every wait. So the first ``spins`` polls run back to back (a reduction
+that is about to finish costs nothing more), then each pause doubles from ``first`` up
+to ``cap``; a sleep of any length also releases the GIL.
+"""
+
+import time
+from typing import Callable, Optional
+
+__all__ = ["Backoff", "poll_until"]
+
+
+class Backoff:
+    """The pauses between polls of one wait.
+
+    Args:
+        spins: polls run back to back before the first pause.
+        first: the first pause, in seconds.
+        cap: the longest pause.
+
+    Example::
+
+        backoff = Backoff()
+        while not request.Test():
+            backoff.pause()
+    """
+
+    __slots__ = ("spins", "first", "cap", "polls", "_next")
+
+    def __init__(self, spins: int = 20, first: float = 1e-5, cap: float = 1e-3):
+        self.spins, self.first, self.cap = spins, first, cap
+        self.polls = 0
+        self._next = first
+
+    def pause(self, longest: Optional[float] = None) -> None:
+        """Pause before the next poll (not at all during the first ``spins``), never
+        longer than ``longest`` seconds where given."""
+        self.polls += 1
+        if self.polls <= self.spins:
+            return
+        pause = self._next if longest is None else max(0.0, min(self._next, longest))
+        time.sleep(pause)
+        self._next = min(self._next * 2, self.cap)
+
+    def reset(self) -> None:
+        """Something moved (a piece was issued or completed): poll eagerly again."""
+        self.polls, self._next = 0, self.first
+
+
+def poll_until(ready: Callable[[], bool], backoff: Optional[Backoff] = None) -> None:
+    """Call ``ready()`` until it returns True, pausing between calls as ``backoff`` says."""
+    backoff = backoff or Backoff()
+    while not ready():
+        backoff.pause()
