@@ -1,0 +1,24 @@
+"""MPI_ANY_SOURCE with one thread and no hpcddp: every rank but 0 sends rank 0 a message,
+rank 0 receives each from any source, then all meet in a barrier; ITERATIONS times.
+Prints `lost at iteration I` and aborts when a receive has not completed in 5 s."""
+
+import sys
+import time
+
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+buf = bytearray(8)
+for iteration in range(int(sys.argv[1])):
+    if comm.rank == 0:
+        for _ in range(comm.size - 1):
+            request, since = comm.Irecv(buf, source=MPI.ANY_SOURCE, tag=5), time.monotonic()
+            while not request.Test():
+                if time.monotonic() - since > 5:
+                    print(f"lost at iteration {iteration}", flush=True)
+                    comm.Abort(3)
+    else:
+        comm.Send(bytes(8), dest=0, tag=5)
+    comm.Barrier()
+if comm.rank == 0:
+    print(f"every receive arrived (thread level {MPI.Query_thread()})", flush=True)
