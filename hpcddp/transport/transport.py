@@ -330,10 +330,10 @@ class Transport:
         """
         backoff = Backoff()
         while self._unissued:
-            before = (len(self._unissued), len(self._issued))
+            waiting = len(self._unissued)
             self.advance()
-            if (len(self._unissued), len(self._issued)) != before:
-                backoff.reset()
+            if len(self._unissued) < waiting:
+                backoff.reset()  # a piece went out: the next one's event may be done too
             else:
                 backoff.pause()
 
@@ -347,8 +347,9 @@ class Transport:
 
         .. warning:: Synchronization point with the producing streams; collective.
         """
+        self.issue_all()  # the wait for events, without holding the lock
         with self.lock:
-            self.issue_all()
+            self.issue_all()  # whatever was started meanwhile
             return collective()
 
     def issue_through(self, piece: _Piece) -> None:
