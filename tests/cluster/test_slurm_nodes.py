@@ -1,10 +1,11 @@
 """slurm/train.sbatch, unchanged, on a real Slurm whose nodes are emulated nodes: a job of
 two nodes x two ranks trains, a preemption checkpoints and requeues once and ends with
-the parameters of an uninterrupted run, and srun without PMI is refused on every task."""
+the parameters of an uninterrupted run, and srun without PMI is refused on every task.
+Why MPICH 5 (the `mpich` wheel) under `srun --mpi=pmi2` fails in MPI_Init now and then on
+more than one node, and the two ways round it: the script's mpiexec, or the OFI netmod."""
 
 import json
 import re
-import shutil
 import sys
 import time
 
@@ -36,7 +37,8 @@ def test_two_node_job_trains_across_nodes(slurm_nodes, submit, tmp_path):
     assert info["NodeList"] == "hdtest-n[1-2]", info
     (size, accuracy), _ = _final(text)
     assert size == 4 and accuracy >= 0.95, text[-2000:]
-    assert "4 ranks, srun --mpi=pmi2" in text
+    # The mpich wheel on two nodes: hydra in the allocation, not srun --mpi=pmi2 (below).
+    assert "4 ranks, mpiexec in the allocation" in text, text[-3000:]
     assert re.search(r"^world_size=4 .* nodes=2$", text, re.M), text[-3000:]
 
 
@@ -102,28 +104,20 @@ def test_slurm_pmi1_reads_a_request_in_one_1024_byte_read(slurm_nodes, tmp_path)
     assert len(head) + 2 * 511 + 1 > 1024
 
 
-def test_two_node_pmi2_job_starts_with_more_modules_in_the_package(slurm_nodes, tmp_path):
-    """A copy of hpcddp with extra modules in hpcddp/comm starts a 2-node pmi2 job (the
-    folder's contents were once blamed for the failure the test above explains)."""
-    copy = tmp_path / "pkg"
-    shutil.copytree(ROOT / "hpcddp", copy / "hpcddp",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    for index in range(3):
-        (copy / "hpcddp" / "comm" / f"extra_{index}.py").write_text(f"VALUE = {index}\n")
-    log = tmp_path / "extra.out"
-    script = ROOT / "tests/jobs/scripts/show_world.py"
-    # The copy first, past the editable install's import hook (a meta path finder).
-    (tmp_path / "start.py").write_text(
-        "import runpy, sys\n"
-        "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f)]\n"
-        f"sys.path.insert(0, {str(copy)!r})\n"
-        "import hpcddp\n"
-        f"assert hpcddp.__file__.startswith({str(copy)!r}), hpcddp.__file__\n"
-        f"runpy.run_path({str(script)!r})\n")
+def test_two_node_srun_pmi2_jobs_start_with_the_ofi_netmod(slurm_nodes, tmp_path):
+    """The other way round the failure above that keeps srun: MPICH's OFI netmod puts its
+    address at its real length (tens of bytes, where the UCX netmod puts a 4 KiB card), so
+    every PMI-1 line stays short. Five 2-node steps in a row all start, and an allreduce
+    crosses the link in each."""
+    log = tmp_path / "ofi.out"
+    script = ROOT / "tests/cluster/scripts/world_sum.py"
+    step = f"srun --mpi=pmi2 -N 2 -n 4 {sys.executable} {script}"
     job = slurm_nodes.sbatch("-N", "2", "-n", "4", "--output", log, "--wrap",
-                             f"srun --mpi=pmi2 -N 2 -n 4 {sys.executable} {tmp_path / 'start.py'}",
-                             env=ENV)
-    info = slurm_nodes.wait(job, timeout=180)
+                             " && ".join([step] * 5),
+                             env=dict(ENV, MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER="tcp"))
+    info = slurm_nodes.wait(job, timeout=300)
     text = read_log(log)
-    assert info["JobState"] == "COMPLETED", text
-    assert sorted(re.findall(r"rank=(\d) size=4", text)) == ["0", "1", "2", "3"], text
+    assert info["JobState"] == "COMPLETED", text[-3000:]
+    lines = re.findall(r"^host=(\S+) rank=(\d) size=4 sum=10$", text, re.M)
+    assert len(lines) == 20, text[-3000:]
+    assert {host for host, _ in lines} == {"hdtest-n1", "hdtest-n2"}, lines
