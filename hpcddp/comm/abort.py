@@ -33,6 +33,8 @@ _installed = {}
 ABORT_EXIT_SECONDS = 5.0
 # How long the launcher may take to end the job after MPI_Abort (hpcddp.comm.launcher_guard).
 LAUNCHER_GRACE_SECONDS = 10.0
+# How long an abort waits for another thread to leave MPI (hpcddp.comm.serial).
+ABORT_LOCK_SECONDS = 2.0
 
 
 def abort_job(comm, message: str, exc_info=None, code: int = 1, detail: str = "",
@@ -55,7 +57,25 @@ def abort_job(comm, message: str, exc_info=None, code: int = 1, detail: str = ""
     finally:
         _exit_later(ABORT_EXIT_SECONDS)
         end_launcher_later(LAUNCHER_GRACE_SECONDS)
-        comm.Abort(code)
+        _abort(comm, code)
+
+
+def _abort(comm, code: int) -> None:
+    """``MPI_Abort``, entered by one thread at a time (``hpcddp.comm.serial``).
+
+    Another thread may hold the lock inside a call that does not return (a blocking
+    collective a lost rank never joins). At ``MPI_THREAD_MULTIPLE`` the abort goes in
+    beside it after a while; below, entering MPI beside it is not allowed (and has crashed
+    ranks), so this process ends itself and its launcher ends the others.
+    """
+    from mpi4py import MPI
+
+    from hpcddp.comm import serial
+
+    if serial.LOCK.acquire(timeout=ABORT_LOCK_SECONDS) or \
+            MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
+        MPI.Comm.Abort(comm, code)
+    os._exit(code)
 
 
 def _exit_later(seconds: float) -> None:

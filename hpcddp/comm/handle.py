@@ -7,18 +7,15 @@ point; it returns the handle's ``result``.
 """
 
 import time
-from contextlib import nullcontext
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from mpi4py import MPI
 
-from hpcddp.comm import activity
+from hpcddp.comm import activity, serial
 from hpcddp.comm.backoff import Backoff
 
 __all__ = ["Handle", "HandleTimeout", "wait_all"]
 
-
-_NO_LOCK = nullcontext()
 
 
 class HandleTimeout(TimeoutError):
@@ -35,8 +32,8 @@ class Handle:
         statuses: keep the requests' statuses (for ``source()``).
         name: what the operation is, for messages ("allreduce of 4 float32 ...").
         result: what ``wait()`` returns.
-        lock: held around this handle's MPI calls, where another thread (the progress
-            thread) may test the same requests; none by default.
+        lock: held around this handle's MPI calls (``hpcddp.comm.serial.LOCK`` by default:
+            one thread at a time inside MPI).
 
     Example::
 
@@ -56,12 +53,13 @@ class Handle:
         self.channel: Optional[activity.Channel] = None
         self.seq: Optional[int] = None
         self.call: Optional[str] = None
-        self._lock = lock if lock is not None else _NO_LOCK
+        self._lock = lock if lock is not None else serial.LOCK
         self._requests = list(requests)
         self._keep = list(keep)
         self._callbacks = [] if on_complete is None else [on_complete]
         self._done = False
-        self._statuses = [MPI.Status() for _ in self._requests] if statuses else None
+        with self._lock:  # even a Status is made with MPI calls
+            self._statuses = [MPI.Status() for _ in self._requests] if statuses else None
 
     def keep_alive(self, *objects) -> "Handle":
         """Hold ``objects`` (more buffers) until the operation completes."""
@@ -95,11 +93,11 @@ class Handle:
         return self._done
 
     def _block(self) -> None:
-        """Block until complete (no timeout)."""
-        with self._lock:
-            if not self._done:
-                MPI.Request.Waitall(self._requests, self._statuses)
-                self._finish()
+        """Wait until complete (no timeout), testing under the lock and letting go of it
+        between polls, so that other threads may enter MPI meanwhile."""
+        backoff = serial.backoff()
+        while not self.test():
+            backoff.pause()
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Block until the operation completes; return ``result``.

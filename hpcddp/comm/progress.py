@@ -4,9 +4,9 @@ MPI moves data only while some thread is inside the library. A future must compl
 without its owner calling ``wait()`` (torch's ``Future.then`` chains, comm hooks), so a
 daemon thread ``test()``s the handles it watches and calls each one's callback the
 moment it completes. It polls with a short, growing pause while handles are pending
-and sleeps on a condition when none are. It needs ``MPI_THREAD_MULTIPLE``
-(``hpcddp.comm.threads``); the handles it tests must serialize their own MPI calls
-against other threads' (``Handle`` takes a lock for that).
+and sleeps on a condition when none are. A ``Handle`` tests under
+``hpcddp.comm.serial.LOCK``, so ``MPI_THREAD_SERIALIZED`` is enough
+(``hpcddp.comm.threads``).
 """
 
 import threading

@@ -5,6 +5,8 @@ from typing import NamedTuple, Optional
 
 from mpi4py import MPI
 
+from hpcddp.comm.serial import serialize
+
 __all__ = ["MissingRanksError", "NodeLayout", "clone_comm", "node_layout"]
 
 
@@ -52,6 +54,7 @@ def clone_comm(comm=None, name="hpcddp.world", timeout: Optional[float] = None,
                     f"it (its error is printed above), or be still busy; if ranks start "
                     f"this slowly, raise HPCDDP_TIMEOUT or pass hpcddp.init(timeout=...)")
             time.sleep(0.001)
+    dup = serialize(dup)
     dup.Set_name(name)
     return dup
 

@@ -13,9 +13,11 @@ control communicator of its own, with small point-to-point messages.
   also how uneven inputs without ``join()`` end. Leaving waits, bounded by the timeout,
   until every rank has left, so ``MPI_Finalize`` never waits for a rank stuck elsewhere.
 
-Asking other ranks needs ``MPI_THREAD_MULTIPLE``. Below it the thread calls no MPI
-until the timeout: the report then shows this rank's wait and stack only, and the one
-MPI call it makes is ``MPI_Abort``.
+Every MPI call of the thread holds ``hpcddp.comm.serial.LOCK``, and the main thread's
+waits let go of it between polls, so asking other ranks needs ``MPI_THREAD_SERIALIZED``
+only. Below it (single, funneled) the thread calls no MPI until the timeout: the report
+then shows this rank's wait and stack only, and the one MPI call it makes is
+``MPI_Abort``.
 """
 
 import atexit
@@ -27,7 +29,7 @@ from typing import Dict, List
 
 from mpi4py import MPI
 
-from hpcddp.comm import activity
+from hpcddp.comm import activity, serial
 from hpcddp.comm.abort import abort_job
 from hpcddp.comm.lifetime import Closable, free_comm
 from hpcddp.comm.ranks import ranks_text
@@ -39,6 +41,10 @@ _QUERY, _REPLY, _LEFT = 1, 2, 3
 _ANSWER_SECONDS = 5.0  # how long a report waits for the other ranks' answers
 _LEAVING_TICK = 0.005  # the thread's period once this rank is leaving
 _DEFER_SECONDS = 10.0  # how long a rank cut off from rank 0's node leaves the verdict to it
+# How long the thread waits to enter MPI. The main thread holds serial.LOCK only for
+# single calls, except in a blocking call that has no nonblocking form (making a
+# communicator): a lost rank can keep it there, and the thread must still time out.
+_LOCK_SECONDS = 0.5
 
 
 class Watchdog(Closable):
@@ -59,7 +65,7 @@ class Watchdog(Closable):
         self.rank, self.size = self.comm.rank, self.comm.size
         self.hosts = self.comm.allgather(socket.gethostname())  # to name a silent node
         self.timeout, self.stall_warn = timeout, stall_warn
-        self.threaded = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+        self.threaded = MPI.Query_thread() >= MPI.THREAD_SERIALIZED  # calls hold serial.LOCK
         limits = [s for s in (timeout, stall_warn) if s > 0]
         self.tick = min([0.2] + [s / 10 for s in limits])
         self.departed: Dict[int, dict] = {}
@@ -110,7 +116,7 @@ class Watchdog(Closable):
         self._thread.join()
         if self.threaded:
             self._serve()
-            MPI.Request.Waitall(self._sends)
+            serial.wait_all(self._sends)
         atexit.unregister(self.depart)
         activity.set_reference(None)
         free_comm(self.comm)
@@ -130,8 +136,9 @@ class Watchdog(Closable):
             self._check()
 
     def _send(self, rank: int, tag: int, message) -> None:
-        with self._sending:
-            self._sends.append(self.comm.isend(message, dest=rank, tag=tag))
+        with self._sending, serial.held(_LOCK_SECONDS) as held:
+            if held:
+                self._sends.append(MPI.Intracomm.isend(self.comm, message, dest=rank, tag=tag))
 
     def _send_to_others(self, tag: int, message) -> None:
         for rank in range(self.size):
@@ -140,18 +147,26 @@ class Watchdog(Closable):
 
     def _serve(self) -> None:
         """Take every message that has come: answer questions, note departures."""
-        status = MPI.Status()
-        while self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
-            source, tag = status.Get_source(), status.Get_tag()
-            message = self.comm.recv(source=source, tag=tag)
+        while True:
+            with serial.held(_LOCK_SECONDS) as held:
+                if not held:
+                    return
+                status = MPI.Status()  # even a Status is made with MPI calls
+                # A matched probe: the message received is the one probed.
+                probed = MPI.Intracomm.improbe(self.comm, MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+                if probed is None:
+                    break
+                message = probed.recv()
+                source, tag = status.Get_source(), status.Get_tag()
             if tag == _QUERY:
                 self._send(source, _REPLY, dict(activity.snapshot(), leaving=self._leaving))
             elif tag == _REPLY:
                 self._replies[source] = message
             elif tag == _LEFT:
                 self.departed[source] = message
-        with self._sending:
-            self._sends = [request for request in self._sends if not request.Test()]
+        with self._sending, serial.held(_LOCK_SECONDS) as held:
+            if held:
+                self._sends = [r for r in self._sends if not MPI.Request.Test(r)]
 
     def _check(self) -> None:
         now = time.monotonic()
@@ -208,7 +223,7 @@ class Watchdog(Closable):
             where = f" on {self.hosts[rank]}" if len(set(self.hosts)) > 1 else ""
             return (f"rank {rank}{where} did not answer within {_ANSWER_SECONDS:g} s (it died, or "
                     f"holds Python's GIL in a long C call)" if self.threaded else
-                    f"rank {rank}: not asked (MPI thread level below 'multiple')")
+                    f"rank {rank}: not asked (MPI thread level below 'serialized')")
         if reply["leaving"]:
             return f"rank {rank} is leaving the job (hpcddp.shutdown() or the end of its script)"
         if reply["waits"]:

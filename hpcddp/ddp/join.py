@@ -91,11 +91,13 @@ class DDPJoinHook(JoinHook):
 
     def main_hook(self) -> None:
         ddp = self.ddp
-        ddp.reducer.prepare_for_forward()
         ddp._sync_buffers(joined=True)
         sync = agree_on_sync(ddp._control, False, wait=True)
         ddp.require_forward_param_sync = sync
         if sync:
+            # The ranks still training rebuild the buckets (once) only in a forward that
+            # syncs, after this agreement (module.forward): the same collectives, in order.
+            ddp.reducer.prepare_for_forward()
             ddp.reducer.shadow_backward()
 
     def post_hook(self, is_last_joiner: bool) -> None:

@@ -214,8 +214,10 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
             self._pending.append(notified)
             self.reducer.set_divisor(self._comm.size if self._divide_by_initial_world_size
                                      else int(notified.result()[0].item()))
-        if grad and self.require_backward_grad_sync:
+        sync = grad and self.require_backward_grad_sync
+        if sync and not self._join_config.enable:
             self.reducer.prepare_for_forward()
+        if sync:
             if self.tuner is not None:
                 if self._join_config.enable:
                     self.tuner.pause()  # a rank that has joined runs no forward
@@ -223,8 +225,9 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
                     self.tuner.before_forward()
         self._sync_buffers(joined=False)
         if self._join_config.enable:
-            self._pending.append(agree_on_sync(
-                self._control, grad and self.require_backward_grad_sync, wait=False))
+            self._pending.append(agree_on_sync(self._control, sync, wait=False))
+            if sync:  # after the agreement, from which a joined rank learns to mirror it
+                self.reducer.prepare_for_forward()
         if self.device_ids:
             inputs, kwargs = self._move_inputs(inputs, kwargs)
         with timeline.span("forward", timeline.COMPUTE):

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from hpcddp.comm import serial
 from hpcddp.transport.routes import alias_array, slice_bounds
 
 __all__ = ["Ring", "ring_bounds"]
@@ -124,9 +125,11 @@ class _SliceRing:
             if self.requests is None:
                 self._post()
             if block:
-                MPI.Request.Waitall(self.requests)
-            elif not MPI.Request.Testall(self.requests):
-                return False
+                serial.wait_all(self.requests)
+            else:
+                with serial.LOCK:
+                    if not MPI.Request.Testall(self.requests):
+                        return False
             self._received()
         return True
 

@@ -7,18 +7,18 @@ order, each once its data is ready, however their events complete. ``advance()``
 what it can and ``Test``s what is in flight (MPI makes no progress while Python
 computes); it never blocks. A ``Transfer`` is the ``Handle`` of one operation.
 
-One lock per transport serializes its MPI calls, so the progress thread
-(``hpcddp.comm.progress``) may complete transfers while the caller starts new ones.
+Its MPI calls hold ``hpcddp.comm.serial.LOCK`` (one thread at a time inside MPI), so the
+progress thread (``hpcddp.comm.progress``) may complete transfers while the caller starts
+new ones, and a wait lets go of it between polls.
 """
 
-import threading
 from collections import deque
 from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
 
 import torch
 from mpi4py import MPI
 
-from hpcddp.comm import activity, timeline
+from hpcddp.comm import activity, serial, timeline
 from hpcddp.comm.backoff import Backoff
 from hpcddp.comm.fingerprint import CollectiveCheck
 from hpcddp.comm.handle import Handle
@@ -104,15 +104,23 @@ class Transfer(Handle):
         return self._done
 
     def _block(self) -> None:
-        with self._lock:
-            for piece in self.pieces:
-                self.transport.issue_through(piece)
-                if not piece.done:
-                    piece.request.Wait()
-                    piece.completed()
-                # Each piece goes back as soon as it is in, while later ones are reduced.
+        """Issue and complete the pieces in order, letting go of the lock between polls."""
+        for piece in self.pieces:
+            self.transport.issue_through(piece)
+            backoff = serial.backoff()
+            while not self._test_piece(piece):
+                backoff.pause()
+            # Each piece goes back as soon as it is in, while later ones are reduced.
+            with self._lock:
                 self._bring_back(piece)
+        with self._lock:
             self._complete()
+
+    def _test_piece(self, piece: _Piece) -> bool:
+        with self._lock:
+            if not piece.done and piece.request.Test():
+                piece.completed()
+            return piece.done
 
     def wait(self, timeout: Optional[float] = None):
         """Block until the result is in place as seen by the current CUDA stream.
@@ -194,7 +202,7 @@ class Transport:
         self.host = HostRoute(cuda)
         self.device = DeviceRoute(cuda)
         self.staged = StagedRoute(cuda, pinned=pinned)
-        self.lock = threading.RLock()
+        self.lock = serial.LOCK  # one thread at a time inside MPI
         self._unissued: Deque[_Piece] = deque()
         self._issued: List[_Piece] = []  # issued, not yet seen complete
         self.collectives = 0  # MPI operations issued, for inspection

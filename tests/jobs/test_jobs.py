@@ -113,7 +113,7 @@ def test_misspelled_setting_is_named_once(run_job):
     assert "did you mean HPCDDP_TIMEOUT?" in job.stderr
 
 
-def test_below_thread_multiple_helper_threads_give_way_and_say_so(run_job):
+def test_helper_threads_need_serialized_and_below_it_give_way_and_say_so(run_job):
     # At FUNNELED no helper thread may call MPI: futures complete on the caller's
     # thread and the progress pump stays off, each with one warning that says why.
     job = run_job(["tests/jobs/scripts/below_multiple.py"], n=2, timeout=90,
@@ -123,5 +123,12 @@ def test_below_thread_multiple_helper_threads_give_way_and_say_so(run_job):
         assert f"rank {rank}: level=funneled at_once=True total=4 notes=2" in job.stdout
     assert "completing futures in the background is off and get_future() waits" in job.stdout
     assert "the progress pump (HPCDDP_PROGRESS_THREAD=1) is off" in job.stdout
+    # At SERIALIZED the helpers enter MPI one at a time (hpcddp.comm.serial): both run.
+    serialized = run_job(["tests/jobs/scripts/below_multiple.py"], n=2, timeout=90,
+                         env={"MPI4PY_RC_THREAD_LEVEL": "serialized"})
+    assert serialized.returncode == 0, serialized.output
+    for rank in (0, 1):
+        assert f"rank {rank}: level=serialized at_once=False total=4 notes=0" in \
+            serialized.stdout, serialized.output
     normal = run_job(["tests/jobs/scripts/below_multiple.py"], n=2, timeout=90)
     assert "rank 0: level=multiple" in normal.stdout and "notes=0" in normal.stdout

@@ -1,0 +1,315 @@
+"""One thread at a time inside MPI.
+
+hpcddp's helper threads (the watchdog, the progress thread that completes futures, the
+progress pump during backward) call MPI while the main thread trains.
+``MPI_THREAD_MULTIPLE`` allows two threads inside MPI at once, but it is the least tested
+path of every MPI (MPICH 5 with UCX over TCP has crashed with SIGSEGV when a link failed
+under two threads), and ``MPI_THREAD_SERIALIZED``, what Cray MPICH provides by default,
+forbids it. So every MPI call hpcddp makes, from any thread, holds ``LOCK``:
+
+- hpcddp's communicators are ``SerialComm``s: each method and attribute takes ``LOCK``
+  for its call. The communicators they make are ``SerialComm``s, the requests they return
+  ``SerialRequest``s.
+- A wait never holds ``LOCK`` while it waits: ``SerialRequest.Wait`` and the blocking
+  buffer collectives (``Barrier``, ``Bcast``, ``Allreduce`` ... run as ``Ibarrier``,
+  ``Ibcast``, ``Iallreduce``) ``Test`` under ``LOCK`` and let go of it between polls, so
+  the watchdog can still ask the other ranks while the main thread waits.
+- MPI calls on other objects (``MPI.Request.Testall`` on a list, a ``Message``, a file)
+  take ``LOCK`` where they are made; ``wait_all`` waits for a list of requests.
+
+The pickle-based collectives (``bcast``, ``allgather``, ``gather``, ``scatter``,
+``alltoall``, ``allreduce``, ``reduce``) run as a nonblocking collective of the pickles'
+sizes and one of their bytes, polled the same way; ``recv`` polls a matched probe and
+``Dup`` runs as ``Idup``. The other ways to make a communicator (``Split``,
+``Create_group``) have no nonblocking form and hold ``LOCK`` until they return. Code outside hpcddp that calls MPI while hpcddp's helper
+threads run holds ``LOCK`` too (``hpcddp.mpi_lock``).
+"""
+
+import contextlib
+import functools
+import threading
+from array import array
+from typing import Any, List, Optional, Sequence
+
+from mpi4py import MPI
+
+from hpcddp.comm.backoff import Backoff
+
+__all__ = ["LOCK", "SerialComm", "SerialRequest", "backoff", "held", "mpi_lock", "serialize",
+           "wait", "wait_all"]
+
+LOCK = threading.RLock()
+mpi_lock = LOCK  # its public name: ``with hpcddp.mpi_lock: comm.Iprobe()``
+
+# A wait polls back to back at first, then with pauses of at most 0.1 ms, so it ends at
+# most about that long after its operation completes.
+_SPINS, _FIRST, _CAP = 50, 1e-5, 1e-4
+
+
+def backoff() -> Backoff:
+    """The pauses between the polls of a wait for MPI."""
+    return Backoff(_SPINS, _FIRST, _CAP)
+
+
+@contextlib.contextmanager
+def held(seconds: float):
+    """``LOCK`` for the block if it can be had within ``seconds``; yields whether it was.
+
+    For a helper thread that must not wait for ever behind a call that does not return.
+    """
+    acquired = LOCK.acquire(timeout=seconds)
+    try:
+        yield acquired
+    finally:
+        if acquired:
+            LOCK.release()
+
+
+def wait(request: "MPI.Request", status: Optional["MPI.Status"] = None) -> None:
+    """Complete ``request``, testing it under ``LOCK`` and letting go of it between polls."""
+    polls = backoff()
+    while True:
+        with LOCK:
+            if MPI.Request.Test(request, status):
+                return
+        polls.pause()
+
+
+def wait_all(requests: Sequence["MPI.Request"], statuses=None) -> None:
+    """Complete every one of ``requests`` (``MPI_Waitall`` without holding ``LOCK``)."""
+    polls, requests = backoff(), list(requests)
+    while True:
+        with LOCK:
+            if MPI.Request.Testall(requests, statuses):
+                return
+        polls.pause()
+
+
+def _wrap(result):
+    """Communicators and requests made by a wrapped call, wrapped in turn."""
+    if isinstance(result, MPI.Intracomm) and result != MPI.COMM_NULL:
+        if isinstance(result, SerialComm):
+            result._fixed()  # made by mpi4py as type(self), without __init__
+            return result
+        return SerialComm(result)
+    if type(result) is MPI.Request:
+        return SerialRequest(result)
+    if type(result) is tuple and any(isinstance(i, (MPI.Comm, MPI.Request)) for i in result):
+        return tuple(_wrap(item) for item in result)  # Idup's (communicator, request)
+    return result
+
+
+def _locked(base):
+    def method(self, *args, **kwargs):
+        with LOCK:
+            return _wrap(base(self, *args, **kwargs))
+    method.__name__ = method.__qualname__ = base.__name__
+    method.__doc__ = base.__doc__
+    return method
+
+
+def _locked_property(descriptor):
+    def get(self):
+        with LOCK:
+            return descriptor.__get__(self, type(self))
+    return property(get, doc=descriptor.__doc__)
+
+
+def _polled(name, nonblocking):
+    def method(self, *args, **kwargs):
+        with LOCK:
+            request = nonblocking(self, *args, **kwargs)
+        wait(request)
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+def _serial_class(base, skip=(), polled=None):
+    """``base`` with every instance method and attribute taking ``LOCK``."""
+    namespace = {}
+    for cls in reversed(base.__mro__[:-1]):
+        for name, attr in vars(cls).items():
+            if name.startswith("__") or name in skip or isinstance(attr, classmethod):
+                continue
+            if type(attr).__name__ == "getset_descriptor":
+                namespace[name] = _locked_property(attr)
+            elif callable(attr):
+                namespace[name] = _locked(attr)
+    for blocking, nonblocking in (polled or {}).items():
+        namespace[blocking] = _polled(blocking, getattr(base, nonblocking))
+    return namespace
+
+
+# Blocking buffer collectives and their nonblocking forms, whose arguments are the same.
+_POLLED = {"Barrier": "Ibarrier", "Bcast": "Ibcast", "Allreduce": "Iallreduce",
+           "Allgather": "Iallgather", "Allgatherv": "Iallgatherv", "Reduce": "Ireduce",
+           "Gather": "Igather", "Gatherv": "Igatherv", "Scatter": "Iscatter",
+           "Scatterv": "Iscatterv", "Alltoall": "Ialltoall", "Alltoallv": "Ialltoallv",
+           "Reduce_scatter_block": "Ireduce_scatter_block", "Send": "Isend", "barrier": "Ibarrier"}
+
+
+def _polled_call(nonblocking, *args, **kwargs) -> None:
+    """Start a nonblocking operation under ``LOCK`` and wait for it as ``wait`` does."""
+    with LOCK:
+        request = nonblocking(*args, **kwargs)
+    wait(request)
+
+
+def _offsets(sizes) -> List[int]:
+    return [sum(sizes[:i]) for i in range(len(sizes))]
+
+
+def _split(data: bytearray, sizes) -> List[Any]:
+    return [MPI.pickle.loads(data[start:start + size]) if size else None
+            for start, size in zip(_offsets(sizes), sizes)]
+
+
+class _Pickled:
+    """mpi4py's pickle-based collectives as two nonblocking collectives each (sizes, then
+    bytes), every call under ``LOCK`` and every wait polled without it. Each returns what
+    mpi4py's would; the reductions combine the values in rank order on every rank."""
+
+    def bcast(self, obj=None, root: int = 0):
+        data = bytearray(MPI.pickle.dumps(obj)) if self.rank == root else bytearray()
+        size = array("q", [len(data)])
+        _polled_call(MPI.Intracomm.Ibcast, self, [size, MPI.INT64_T], root=root)
+        if self.rank != root:
+            data = bytearray(size[0])
+        _polled_call(MPI.Intracomm.Ibcast, self, [data, MPI.BYTE], root=root)
+        return MPI.pickle.loads(data)
+
+    def allgather(self, obj) -> List[Any]:
+        mine = MPI.pickle.dumps(obj)
+        sizes = array("q", [0] * self.size)
+        _polled_call(MPI.Intracomm.Iallgather, self, [array("q", [len(mine)]), MPI.INT64_T],
+                     [sizes, MPI.INT64_T])
+        data = bytearray(sum(sizes))
+        _polled_call(MPI.Intracomm.Iallgatherv, self, [mine, MPI.BYTE],
+                     [data, (list(sizes), _offsets(sizes)), MPI.BYTE])
+        return _split(data, sizes)
+
+    def gather(self, obj, root: int = 0) -> Optional[List[Any]]:
+        mine, is_root = MPI.pickle.dumps(obj), self.rank == root
+        sizes = array("q", [0] * self.size)
+        _polled_call(MPI.Intracomm.Igather, self, [array("q", [len(mine)]), MPI.INT64_T],
+                     [sizes, MPI.INT64_T] if is_root else None, root=root)
+        data = bytearray(sum(sizes))
+        _polled_call(MPI.Intracomm.Igatherv, self, [mine, MPI.BYTE],
+                     [data, (list(sizes), _offsets(sizes)), MPI.BYTE] if is_root else None,
+                     root=root)
+        return _split(data, sizes) if is_root else None
+
+    def scatter(self, objs=None, root: int = 0):
+        is_root = self.rank == root
+        pieces = [MPI.pickle.dumps(o) for o in objs] if is_root else []
+        if is_root and len(pieces) != self.size:
+            raise ValueError(f"scatter: expecting {self.size} items, got {len(pieces)}")
+        sizes = array("q", [len(p) for p in pieces])
+        size = array("q", [0])
+        _polled_call(MPI.Intracomm.Iscatter, self, [sizes, MPI.INT64_T] if is_root else None,
+                     [size, MPI.INT64_T], root=root)
+        data = bytearray(size[0])
+        _polled_call(MPI.Intracomm.Iscatterv, self,
+                     [b"".join(pieces), (list(sizes), _offsets(sizes)), MPI.BYTE]
+                     if is_root else None, [data, MPI.BYTE], root=root)
+        return MPI.pickle.loads(data)
+
+    def alltoall(self, objs) -> List[Any]:
+        pieces = [MPI.pickle.dumps(o) for o in objs]
+        if len(pieces) != self.size:
+            raise ValueError(f"alltoall: expecting {self.size} items, got {len(pieces)}")
+        out_sizes = array("q", [len(p) for p in pieces])
+        in_sizes = array("q", [0] * self.size)
+        _polled_call(MPI.Intracomm.Ialltoall, self, [out_sizes, MPI.INT64_T],
+                     [in_sizes, MPI.INT64_T])
+        data = bytearray(sum(in_sizes))
+        _polled_call(MPI.Intracomm.Ialltoallv, self,
+                     [b"".join(pieces), (list(out_sizes), _offsets(out_sizes)), MPI.BYTE],
+                     [data, (list(in_sizes), _offsets(in_sizes)), MPI.BYTE])
+        return _split(data, in_sizes)
+
+    def allreduce(self, obj, op=MPI.SUM):
+        return functools.reduce(op, self.allgather(obj))
+
+    def reduce(self, obj, op=MPI.SUM, root: int = 0):
+        values = self.gather(obj, root=root)
+        return None if values is None else functools.reduce(op, values)
+
+    def Dup(self, info=None):  # noqa: N802 - MPI's name
+        with LOCK:
+            comm, request = MPI.Intracomm.Idup(self, info)
+        wait(request)
+        return _wrap(comm)
+
+    def send(self, obj, dest: int, tag: int = 0) -> None:
+        with LOCK:
+            request = MPI.Intracomm.isend(self, obj, dest=dest, tag=tag)
+        wait(request)
+
+    def recv(self, buf=None, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG,
+             status: Optional["MPI.Status"] = None):
+        """A matched probe polled without ``LOCK`` until the message is there."""
+        polls = backoff()
+        while True:
+            with LOCK:
+                message = MPI.Intracomm.improbe(self, source, tag, status)
+                if message is not None:
+                    return message.recv(status=status)
+            polls.pause()
+
+
+class SerialComm(_Pickled, MPI.Intracomm):
+    """An intracommunicator whose calls hold ``LOCK`` (``SerialComm(comm)`` shares
+    ``comm``'s handle). ``Abort`` takes no lock: ``hpcddp.comm.abort`` decides."""
+
+    locals().update(_serial_class(MPI.Intracomm, polled=_POLLED, skip=(
+        "Abort", *(name for name in vars(_Pickled) if not name.startswith("_")))))
+
+    def __init__(self, comm=None):
+        self._fixed()
+
+    def _fixed(self):
+        """Rank and size, fixed for the communicator's life, read once under ``LOCK`` and
+        then without it (a report before ``MPI_Abort`` may find ``LOCK`` out of reach).
+        mpi4py makes the results of ``Dup`` and the like with ``type(self)``, without
+        ``__init__``, so they are read on first use."""
+        fixed = self.__dict__.get("_rank_size")
+        if fixed is None:
+            with LOCK:
+                fixed = MPI.Intracomm.Get_rank(self), MPI.Intracomm.Get_size(self)
+            self.__dict__["_rank_size"] = fixed
+        return fixed
+
+    rank = property(lambda self: self._fixed()[0], doc="This process's rank.")
+    size = property(lambda self: self._fixed()[1], doc="The number of processes.")
+
+    def Get_rank(self) -> int:  # noqa: N802 - MPI's name
+        return self._fixed()[0]
+
+    def Get_size(self) -> int:  # noqa: N802 - MPI's name
+        return self._fixed()[1]
+
+
+class SerialRequest(MPI.Request):
+    """A request whose calls hold ``LOCK``; ``Wait`` polls ``Test`` and lets go of it
+    between polls, ``wait`` (the pickle form) likewise."""
+
+    locals().update(_serial_class(MPI.Request))
+
+    def Wait(self, status: Optional["MPI.Status"] = None) -> bool:  # noqa: N802 - MPI's name
+        wait(self, status)
+        return True
+
+    def wait(self, status: Optional["MPI.Status"] = None):
+        polls = backoff()
+        while True:
+            with LOCK:
+                done, message = MPI.Request.test(self, status)
+            if done:
+                return message
+            polls.pause()
+
+
+def serialize(comm: "MPI.Intracomm") -> "SerialComm":
+    """``comm`` as a ``SerialComm`` (itself if it is one already)."""
+    return _wrap(comm)

@@ -1,0 +1,122 @@
+"""Build a library that, preloaded into a rank, counts MPI calls that one thread makes
+while another thread is inside MPI: what ``MPI_THREAD_SERIALIZED`` forbids.
+
+Every ``int MPI_*`` function of the MPI's ``mpi_proto.h`` gets a wrapper that enters a
+process-wide count, calls ``PMPI_*``, and leaves; a call that finds another thread
+inside is counted with both functions' names. At exit the library writes
+``<MPI_ENTRY_CHECK_LOG>.<pid>`` as JSON: calls, overlaps, threads that called MPI, and
+the first overlapping pairs. It checks the MPI library itself, below mpi4py and hpcddp.
+"""
+
+import re
+import subprocess
+import sysconfig
+from pathlib import Path
+
+# Safe from any thread at any thread level (MPI 4.1, 12.4.3), or the end of the job.
+_EXEMPT = {"MPI_Initialized", "MPI_Finalized", "MPI_Query_thread", "MPI_Is_thread_main",
+           "MPI_Get_version", "MPI_Get_library_version", "MPI_Pcontrol", "MPI_Wtime",
+           "MPI_Wtick"}
+
+_PROTO = re.compile(r"^int (MPI_\w+)\((.*?)\)\s*(?:MPICH_\w+(?:\([^)]*\))?\s*)*;",
+                    re.M | re.S)
+
+_HEAD = r"""
+#define _GNU_SOURCE
+#include <mpi.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static atomic_int inside;
+static atomic_long calls, overlaps;
+static const char *_Atomic holder;
+static __thread int depth;
+static pthread_mutex_t note_lock = PTHREAD_MUTEX_INITIALIZER;
+static char pairs[8][160];
+static int npairs;
+static unsigned long threads[64];
+static int nthreads;
+
+static void note_thread(void) {
+    unsigned long me = (unsigned long) pthread_self();
+    pthread_mutex_lock(&note_lock);
+    int known = 0;
+    for (int i = 0; i < nthreads; i++) known |= threads[i] == me;
+    if (!known && nthreads < 64) threads[nthreads++] = me;
+    pthread_mutex_unlock(&note_lock);
+}
+
+static void enter(const char *name) {
+    if (depth++ > 0) return;
+    atomic_fetch_add(&calls, 1);
+    if (atomic_fetch_add(&inside, 1) > 0) {
+        atomic_fetch_add(&overlaps, 1);
+        pthread_mutex_lock(&note_lock);
+        const char *other = atomic_load(&holder);
+        if (npairs < 8)
+            snprintf(pairs[npairs++], sizeof pairs[0], "%s while another thread was in %s",
+                     name, other ? other : "?");
+        pthread_mutex_unlock(&note_lock);
+    }
+    atomic_store(&holder, name);
+    note_thread();
+}
+
+static void leave(void) {
+    if (--depth > 0) return;
+    atomic_fetch_sub(&inside, 1);
+}
+
+__attribute__((destructor)) static void report(void) {
+    const char *base = getenv("MPI_ENTRY_CHECK_LOG");
+    if (!base) return;
+    char path[4096];
+    snprintf(path, sizeof path, "%s.%d", base, (int) getpid());
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fprintf(f, "{\"calls\": %ld, \"overlaps\": %ld, \"threads\": %d, \"pairs\": [",
+            atomic_load(&calls), atomic_load(&overlaps), nthreads);
+    for (int i = 0; i < npairs; i++) fprintf(f, "%s\"%s\"", i ? ", " : "", pairs[i]);
+    fprintf(f, "]}\n");
+    fclose(f);
+}
+"""
+
+
+def _arg_names(params: str):
+    params = " ".join(params.split())
+    if params in ("", "void"):
+        return []
+    names = []
+    for param in params.split(","):
+        match = re.search(r"(\w+)\s*(\[\s*\w*\s*\])*\s*$", param.strip())
+        names.append(match.group(1))
+    return names
+
+
+def source(header: Path) -> str:
+    """The C source of the library for the MPI whose prototypes are in ``header``."""
+    out = [_HEAD]
+    for name, params in _PROTO.findall(header.read_text()):
+        if name in _EXEMPT or "..." in params:
+            continue
+        args = ", ".join(_arg_names(params))
+        out.append(f"int {name}({' '.join(params.split())}) {{ enter(\"{name}\"); "
+                   f"int rc = P{name}({args}); leave(); return rc; }}\n")
+    return "".join(out)
+
+
+def build(directory: Path, include: Path = None) -> Path:
+    """Compile the library into ``directory``; return its path."""
+    include = include or Path(sysconfig.get_paths()["data"]) / "include"
+    c_file, library = directory / "mpi_entry_check.c", directory / "mpi_entry_check.so"
+    c_file.write_text(source(include / "mpi_proto.h"))
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-w", f"-I{include}", "-o", str(library),
+                    str(c_file), "-lpthread", f"-L{include.parent / 'lib'}",
+                    f"-Wl,-rpath,{include.parent / 'lib'}", "-lmpi"],
+                   check=True, capture_output=True, text=True)
+    return library
