@@ -10,8 +10,8 @@ STAMP   := $(VENV)/.hpcddp-installed
 MPI_TIMEOUT := timeout -k 10 900
 PYTEST  := $(PY) -m pytest -q
 
-.PHONY: venv tools demo test test-unit test-mpi test-slurm test-phdf5 test-cluster cluster \
-        cluster-down cuda-mpi gpu-check gpu-rehearsal clean
+.PHONY: venv tools demo test test-unit test-mpi test-slurm test-serialized test-phdf5 \
+        test-cluster cluster cluster-down cuda-mpi gpu-check gpu-rehearsal clean
 
 # Bytecode is compiled on every core (pip compiles on one). As with pip, a file that does
 # not compile on this Python (torch ships helpers for 3.12 only) stays source.
@@ -70,6 +70,16 @@ test-mpi: venv
 	$(MPI_TIMEOUT) $(MPIEXEC) -n 4 $(PY) -m pytest -p hpcddp.testing tests/mpi/parallel/test_tensor_parallel.py
 	HPCDDP_REDUCE=ring $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m pytest -p hpcddp.testing $(RING_TESTS)
 	HPCDDP_REDUCE=ring $(MPI_TIMEOUT) $(MPIEXEC) -n 3 $(PY) -m pytest -p hpcddp.testing $(RING_TESTS)
+
+# A slow target (CI runs it after `make test`): the MPI suites and the whole-job tests
+# again at MPI_THREAD_SERIALIZED, where hpcddp's threads enter MPI one at a time
+# (hpcddp/comm/serial.py); only the loader's mpio prefetch gives way there, and says so.
+SERIALIZED := MPI4PY_RC_THREAD_LEVEL=serialized
+test-serialized: venv
+	$(SERIALIZED) $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m pytest -p hpcddp.testing tests/mpi
+	$(SERIALIZED) $(MPI_TIMEOUT) $(MPIEXEC) -n 3 $(PY) -m pytest -p hpcddp.testing tests/mpi
+	$(SERIALIZED) $(PYTEST) -n 2 --dist loadfile tests/jobs $(addprefix --ignore=,$(TIMED_JOBS))
+	$(SERIALIZED) $(PYTEST) $(TIMED_JOBS)
 
 # An emulated cluster (network namespaces on a bridge, one per node; root only) for trying
 # hpcddp across nodes by hand: `make cluster NODES=2 RATE=1gbit`, then

@@ -1,5 +1,6 @@
 """hpcddp.DistributedDataParallel against torch's DDP on gloo, no communication, and one
-raw MPI allreduce of all gradient bytes; interleaved in one job.
+raw MPI allreduce of all gradient bytes (mpi4py's blocking call, past hpcddp's lock);
+interleaved in one job.
 
 Run: ``mpiexec -n 2 python benchmarks/bench_ddp.py`` (1 torch thread per rank), or with
 ``--device cuda`` on a GPU machine, where "no_communication" is the bare ``torch.cuda``
@@ -179,7 +180,7 @@ def bench_model(name, world, gloo, steps, caps, device):
         for key, fn in variants.items():
             samples[key].append(timed(world.comm, lambda: fn(x, y)))
         samples["raw_allreduce"].append(
-            timed(world.comm, lambda: world.comm.Allreduce(MPI.IN_PLACE, flat)))
+            timed(world.comm, lambda: MPI.Intracomm.Allreduce(world.comm, MPI.IN_PLACE, flat)))
     spans = len(recorder.events) / (steps + 3)
     recorder.close()
     ms = {k: median_ms(v) for k, v in samples.items()}

@@ -41,9 +41,10 @@ __all__ = ["LOCK", "SerialComm", "SerialRequest", "backoff", "held", "mpi_lock",
 LOCK = threading.RLock()
 mpi_lock = LOCK  # its public name: ``with hpcddp.mpi_lock: comm.Iprobe()``
 
-# A wait polls back to back at first, then with pauses of at most 0.1 ms, so it ends at
-# most about that long after its operation completes.
-_SPINS, _FIRST, _CAP = 50, 1e-5, 1e-4
+# A wait polls back to back for its first 2000 polls (a few milliseconds: a large
+# reduction moves only while some thread is inside MPI, and a sleep would stall it), then
+# with pauses of at most 0.1 ms.
+_SPINS, _FIRST, _CAP = 2000, 1e-5, 1e-4
 
 
 def backoff() -> Backoff:

@@ -101,13 +101,35 @@ def test_fault_ends_the_job_then_a_rerun_resumes(healthy, uninterrupted, tmp_pat
     assert _digest(rerun.stdout) == uninterrupted
 
 
-def test_watchdog_names_the_stuck_rank_and_its_node(cluster):
+@pytest.mark.parametrize("level", ["multiple", "serialized"])
+def test_watchdog_names_the_stuck_rank_and_its_node(cluster, level):
     # rank 1, alone on the second node, sleeps in user code while the others wait.
     job = on_nodes(cluster, ["tests/jobs/scripts/stuck.py", "sleep"], ranks_per_node=1,
                    nodes=cluster.nodes, timeout=120,
-                   env={"HPCDDP_TIMEOUT": "4", "HPCDDP_STALL_WARN": "2"})
+                   env={"HPCDDP_TIMEOUT": "4", "HPCDDP_STALL_WARN": "2",
+                        "MPI4PY_RC_THREAD_LEVEL": level})
     assert not job.timed_out and job.returncode != 0, job.output[-4000:]
     assert "Not arrived: rank 1." in job.stderr, job.stderr
     assert "rank 1 is in user code" in job.stderr
     assert "time.sleep(10_000)" in job.stderr  # its stack, fetched across the link
     assert "No rank on node" not in job.stderr  # its node answered
+
+
+def test_at_serialized_a_link_down_mid_training_is_named(healthy, tmp_path):
+    """Training with no pause at MPI_THREAD_SERIALIZED, the second node's link goes down
+    while the ranks compute and reduce: the watchdog, whose MPI calls wait for the main
+    thread's to end (hpcddp/comm/serial.py), still asks, and names the node."""
+    cluster = healthy
+    victim = cluster.nodes[1]
+    proc = start_on_nodes(cluster, _train(cluster, tmp_path / "ckpt", steps=100_000),
+                          ranks_per_node=2, nodes=cluster.nodes[:2],
+                          env=dict(ENV, MPI4PY_RC_THREAD_LEVEL="serialized"))
+    seen = wait_for_line(proc, "step 40", timeout=180)
+    _link_down(cluster, victim)
+    faulted = time.monotonic()
+    job = finish(proc, seen, timeout=LIMIT + 60)
+    took = time.monotonic() - faulted
+    assert not job.timed_out, f"the job hung:\n{job.output[-4000:]}"
+    assert job.returncode != 0 and took <= LIMIT, f"{took:.0f} s\n{job.output[-4000:]}"
+    assert f"No rank on node {victim} (ranks 2,3) answered" in job.output, job.output[-4000:]
+    assert "EXIT CODE: 11" not in job.output, job.output[-4000:]  # no rank died of SIGSEGV
