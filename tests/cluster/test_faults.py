@@ -115,15 +115,18 @@ def test_watchdog_names_the_stuck_rank_and_its_node(cluster, level):
     assert "No rank on node" not in job.stderr  # its node answered
 
 
-def test_at_serialized_a_link_down_mid_training_is_named(healthy, tmp_path):
-    """Training with no pause at MPI_THREAD_SERIALIZED, the second node's link goes down
-    while the ranks compute and reduce: the watchdog, whose MPI calls wait for the main
-    thread's to end (hpcddp/comm/serial.py), still asks, and names the node."""
+@pytest.mark.parametrize("level", ["multiple", "serialized"])
+def test_a_link_down_mid_training_with_no_pause_is_named(healthy, tmp_path, level):
+    """Training with no pause, the second node's link goes down while the ranks compute
+    and reduce: the watchdog, whose MPI calls wait for the main thread's to end
+    (hpcddp/comm/serial.py), still asks, and names the node; no rank dies inside MPI
+    (with two threads inside MPI at once, a rank on the healthy node used to die of
+    SIGSEGV here at 'multiple')."""
     cluster = healthy
     victim = cluster.nodes[1]
     proc = start_on_nodes(cluster, _train(cluster, tmp_path / "ckpt", steps=100_000),
                           ranks_per_node=2, nodes=cluster.nodes[:2],
-                          env=dict(ENV, MPI4PY_RC_THREAD_LEVEL="serialized"))
+                          env=dict(ENV, MPI4PY_RC_THREAD_LEVEL=level))
     seen = wait_for_line(proc, "step 40", timeout=180)
     _link_down(cluster, victim)
     faulted = time.monotonic()
