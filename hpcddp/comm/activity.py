@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Tuple
 from mpi4py import MPI
 
 __all__ = ["Channel", "blocking", "channel_for", "current_waits", "forget", "main_stack",
-           "set_reference", "share", "snapshot", "waiting"]
+           "set_reference", "share", "snapshot", "waited", "waiting"]
 
 
 class Channel:
@@ -52,12 +52,14 @@ class _State:
         self.closed: Dict[str, Tuple[int, int]] = {}  # a freed channel's name -> (count, step)
         self.numbers: Dict[tuple, itertools.count] = {}
         self.waits: Dict[int, List["_Wait"]] = {}  # thread ident -> waits, innermost last
+        self.waited = 0.0  # seconds the main thread has spent in waits (outermost only)
         self.last: Optional[tuple] = None        # (what, channel name, number) last issued
         self.reference = None                    # the group whose ranks reports use
         self.lock = threading.Lock()
 
 
 _state = _State()
+_MAIN = threading.main_thread().ident
 
 
 def set_reference(comm) -> None:
@@ -131,6 +133,8 @@ class _Wait:
         stack = _state.waits.get(self.thread)
         if stack:
             stack.pop()
+            if not stack and self.thread == _MAIN:  # an outermost wait of the main thread
+                _state.waited += time.monotonic() - self.since
         return False
 
     def describe(self) -> str:
@@ -162,6 +166,11 @@ def blocking(name: str, comm, kind: Optional[str] = None) -> _Wait:
     """
     channel = channel_for(comm, kind)
     return _Wait(name, channel, channel.issue(name))
+
+
+def waited() -> float:
+    """Seconds the main thread has spent waiting in hpcddp so far (nested waits once)."""
+    return _state.waited
 
 
 def current_waits() -> List[_Wait]:

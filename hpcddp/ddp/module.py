@@ -18,6 +18,7 @@ from hpcddp.ddp.buckets import DEFAULT_CAP_MB, FIRST_BUCKET_BYTES
 from hpcddp.ddp.join import DDPJoinHook, agree_on_sync, common_rank
 from hpcddp.ddp.reducer import Reducer
 from hpcddp.ddp.sparse import sparse_parameters
+from hpcddp.ddp.stragglers import StragglerCheck
 from hpcddp.ddp.sync import broadcast_tensors, verify_same_parameters
 from hpcddp.env import get_setting
 from hpcddp.groups import comm_of
@@ -143,6 +144,7 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
         # One channel for both: the watchdog numbers this model's collectives in the
         # order every rank issues them, buckets and control messages alike.
         activity.share(self._control, activity.channel_for(self._comm, "DDP model"))
+        self._stragglers = StragglerCheck(self._control, get_setting("STRAGGLER_STEPS"))
         self._opened()
         try:
             self._control_transport = Transport(self._control, world.cuda_aware)
@@ -214,17 +216,16 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
             self._pending.append(notified)
             self.reducer.set_divisor(self._comm.size if self._divide_by_initial_world_size
                                      else int(notified.result()[0].item()))
-        sync = grad and self.require_backward_grad_sync
-        if sync and not self._join_config.enable:
+        sync, joinable = grad and self.require_backward_grad_sync, self._join_config.enable
+        if sync and joinable and self.tuner is not None:
+            self.tuner.pause()  # a rank that has joined runs no forward
+        elif sync and not joinable:
             self.reducer.prepare_for_forward()
-        if sync:
             if self.tuner is not None:
-                if self._join_config.enable:
-                    self.tuner.pause()  # a rank that has joined runs no forward
-                else:
-                    self.tuner.before_forward()
+                self.tuner.before_forward()
+            self._stragglers.step()
         self._sync_buffers(joined=False)
-        if self._join_config.enable:
+        if joinable:
             self._pending.append(agree_on_sync(self._control, sync, wait=False))
             if sync:  # after the agreement, from which a joined rank learns to mirror it
                 self.reducer.prepare_for_forward()

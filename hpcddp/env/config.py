@@ -107,6 +107,12 @@ _SETTINGS = {
         "seconds", 60.0,
         "A wait in an hpcddp collective longer than this prints, once, which ranks have "
         "not arrived and what they are doing; 0: no warning."),
+    "STRAGGLER_STEPS": _Setting(
+        "int", 50,
+        "Every this many synchronized DDP steps the ranks compare how long each computed "
+        "(its step time less its waits in hpcddp), and rank 0 names, once, a rank that "
+        "took over twice the median of the others: every other rank waits for it in each "
+        "reduction. One small allgather per check; 0: no check."),
     "TIMELINE": _Setting(
         "str", "",
         "Record a timeline of every rank (forward, backward, each DDP bucket's launch, "
