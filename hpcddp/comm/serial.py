@@ -27,6 +27,7 @@ threads run holds ``LOCK`` too (``hpcddp.mpi_lock``).
 
 import contextlib
 import functools
+import itertools
 import threading
 from array import array
 from typing import Any, List, Optional, Sequence
@@ -157,7 +158,8 @@ def _polled_call(nonblocking, *args, **kwargs) -> None:
 
 
 def _offsets(sizes) -> List[int]:
-    return [sum(sizes[:i]) for i in range(len(sizes))]
+    """Where each of ``sizes`` starts, packed one after another."""
+    return [0, *itertools.accumulate(sizes)][:len(sizes)]
 
 
 def _split(data: bytearray, sizes) -> List[Any]:

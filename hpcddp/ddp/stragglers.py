@@ -9,7 +9,6 @@ over ``FACTOR`` times the median of the others, with its node.
 """
 
 import socket
-import statistics
 import sys
 import time
 from typing import List, Set
@@ -54,8 +53,8 @@ class StragglerCheck:
             self._name(ranks)
 
     def _name(self, ranks: List[tuple]) -> None:
-        for rank, (computed, host) in enumerate(ranks):
-            others = statistics.median(c for r, (c, _) in enumerate(ranks) if r != rank)
+        medians = _medians_of_the_others([computed for computed, _ in ranks])
+        for rank, ((computed, host), others) in enumerate(zip(ranks, medians)):
             if rank in self.named or computed <= FACTOR * max(others, 1e-6):
                 continue
             self.named.add(rank)
@@ -67,3 +66,20 @@ class StragglerCheck:
                 f"Training goes on; look at that rank's node (its load, clocks, GPU), or its "
                 f"share of the data (HPCDDP_STRAGGLER_STEPS=0 turns this check off).\n")
             sys.stderr.flush()
+
+
+def _medians_of_the_others(values: List[float]) -> List[float]:
+    """For each value, the median of all the others: one sort, not one per value."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranked = [values[i] for i in order]
+    place = {index: position for position, index in enumerate(order)}
+
+    def without(k: int, j: int) -> float:  # the j-th smallest once position k is gone
+        return ranked[j if j < k else j + 1]
+    medians = []
+    for index in range(len(values)):
+        k, m = place[index], len(values) - 1
+        middle = without(k, m // 2) if m % 2 else \
+            (without(k, m // 2 - 1) + without(k, m // 2)) / 2
+        medians.append(middle)
+    return medians
