@@ -6,6 +6,7 @@ more than one node, and the two ways round it: the script's mpiexec, or the OFI 
 
 import json
 import re
+import shutil
 import sys
 import time
 
@@ -104,14 +105,30 @@ def test_slurm_pmi1_reads_a_request_in_one_1024_byte_read(slurm_nodes, tmp_path)
     assert len(head) + 2 * 511 + 1 > 1024
 
 
-def test_two_node_srun_pmi2_jobs_start_with_the_ofi_netmod(slurm_nodes, tmp_path):
+def test_two_node_srun_pmi2_jobs_start_with_the_ofi_netmod_and_more_modules(slurm_nodes,
+                                                                            tmp_path):
     """The other way round the failure above that keeps srun: MPICH's OFI netmod puts its
     address at its real length (tens of bytes, where the UCX netmod puts a 4 KiB card), so
-    every PMI-1 line stays short. Five 2-node steps in a row all start, and an allreduce
-    crosses the link in each."""
-    log = tmp_path / "ofi.out"
+    every PMI-1 line stays short. It runs a copy of hpcddp with three extra modules in
+    hpcddp/comm (the folder's contents were once blamed for the failure; a file move must
+    not bring it back): five 2-node steps in a row all start, and an allreduce crosses
+    the link in each."""
+    copy = tmp_path / "pkg"
+    shutil.copytree(ROOT / "hpcddp", copy / "hpcddp",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for index in range(3):
+        (copy / "hpcddp" / "comm" / f"extra_{index}.py").write_text(f"VALUE = {index}\n")
     script = ROOT / "tests/cluster/scripts/world_sum.py"
-    step = f"srun --mpi=pmi2 -N 2 -n 4 {sys.executable} {script}"
+    # The copy first, past the editable install's import hook (a meta path finder).
+    (tmp_path / "start.py").write_text(
+        "import runpy, sys\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f)]\n"
+        f"sys.path.insert(0, {str(copy)!r})\n"
+        "import hpcddp.comm.extra_2\n"
+        f"assert hpcddp.__file__.startswith({str(copy)!r}), hpcddp.__file__\n"
+        f"runpy.run_path({str(script)!r})\n")
+    log = tmp_path / "ofi.out"
+    step = f"srun --mpi=pmi2 -N 2 -n 4 {sys.executable} {tmp_path / 'start.py'}"
     job = slurm_nodes.sbatch("-N", "2", "-n", "4", "--output", log, "--wrap",
                              " && ".join([step] * 5),
                              env=dict(ENV, MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER="tcp"))

@@ -1,14 +1,19 @@
 """Train a small DDP model for a number of steps, checkpointing every few, on any nodes.
 
     python train_steps.py CKPT STEPS [--every K] [--pause S] [--width W]
+                          [--trigger FILE --victim RANK --act stuck|slow]
 
 Each step's batch comes from a generator seeded by the step and the rank, so a run that
 resumes from a checkpoint sees the batches an uninterrupted one would. Rank 0 prints
-``step N`` after each step and, at the end, a digest of the parameters.
+``step N`` after each step and, at the end, a digest of the parameters. Once ``--trigger``
+exists, rank ``--victim`` gets stuck in user code (``stuck``) or takes five times as long
+per step from then on (``slow``): the faults of benchmarks/bench_faults.py that live in
+the program, not the machine.
 """
 
 import argparse
 import hashlib
+import os
 import time
 
 import torch
@@ -24,6 +29,9 @@ parser.add_argument("steps", type=int)
 parser.add_argument("--every", type=int, default=5)
 parser.add_argument("--pause", type=float, default=0.0)
 parser.add_argument("--width", type=int, default=256)
+parser.add_argument("--trigger", default=None)
+parser.add_argument("--victim", type=int, default=-1)
+parser.add_argument("--act", choices=("stuck", "slow"), default="stuck")
 args = parser.parse_args()
 
 world = hpcddp.init()
@@ -38,7 +46,13 @@ if resumed is not None:
     step = resumed.step
     if world.is_main:
         print(f"resumed at step {step}", flush=True)
+last = 0.0  # the last step's seconds
 while step < args.steps:
+    started = time.monotonic()
+    if world.rank == args.victim and args.trigger and os.path.exists(args.trigger):
+        while args.act == "stuck":
+            time.sleep(3600)
+        time.sleep(4 * last)  # this step takes five times its usual time
     generator = torch.Generator().manual_seed(step * 1000 + world.rank)
     x = torch.randn(16, 32, generator=generator)
     y = torch.randn(16, 4, generator=generator)
@@ -52,6 +66,8 @@ while step < args.steps:
     if world.is_main:
         print(f"step {step}", flush=True)
     time.sleep(args.pause)
+    if not (args.trigger and os.path.exists(args.trigger)):
+        last = time.monotonic() - started
 digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
 if world.is_main:
     print(f"parameters_sha256={digest.hexdigest()}", flush=True)

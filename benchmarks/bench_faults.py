@@ -1,0 +1,245 @@
+"""The fault soak: faults injected at a random moment while emulated nodes train with no
+pause, each kind many times, and how every run ended.
+
+Run as root (it builds its own emulated cluster, ``hpcddp.emulated``, and removes it):
+
+    python benchmarks/bench_faults.py --layout 2x2 --runs 20
+    python benchmarks/bench_faults.py --layout 3x1 --runs 20 --level serialized
+
+The job is ``tests/cluster/scripts/train_steps.py`` (checkpoints every 5 steps) on the
+layout's nodes with ``HPCDDP_TIMEOUT=10``. Once rank 0 has printed step 20, the fault
+lands after a random 0-2 s on the last node (or its last rank):
+
+- ``ranks_killed``: every rank of the node SIGKILLed, its launcher proxy spared;
+- ``node_lost``: everything on the node SIGKILLed, proxy included;
+- ``link_down``: the node's link set down; ``crawl``: shaped to 8 kbit/s;
+- ``frozen``: every process on the node SIGSTOPped;
+- ``stuck``: the rank stays in user code for ever; ``slow``: it takes 5x as long per step
+  (this one must not end the job: it must be named and training go on).
+
+For each run: whether it hung (no end within the timeout + 60 s), crashed (a rank dead
+of SIGSEGV, SIGBUS, SIGABRT, SIGFPE or SIGILL), ended with a line naming the node (or
+the rank), the seconds from fault to end, what was left on the nodes (processes,
+MPICH's /dev/shm segments and their bytes), and whether a rerun on the healed cluster
+resumed to the parameters of an uninterrupted run. ``results/faults-<layout>-<level>.json``.
+"""
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from hpcddp.emulated import EmulatedCluster
+from hpcddp.emulated import network
+from hpcddp.env import clean_environment
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = Path(__file__).resolve().parent / "results"
+SCRIPT = ROOT / "tests/cluster/scripts/train_steps.py"
+TIMEOUT = 10
+CRASH = re.compile(r"EXIT CODE: (4|6|7|8|11)\b|Segmentation fault|Bus error")
+RESUME_STEPS = 1000  # a rerun trains to this step from the last checkpoint (every 5 steps)
+SLOW_STEPS = 400     # the slow kind's whole run, which must end by itself
+KINDS = ("ranks_killed", "node_lost", "link_down", "crawl", "frozen", "stuck", "slow")
+
+
+class Job:
+    """``mpiexec`` on the cluster, its merged output read line by line in a thread."""
+
+    def __init__(self, cluster, layout, argv, env):
+        nodes, per_node = layout
+        mpiexec = str(Path(sys.executable).parent / "mpiexec")
+        command = [mpiexec, *cluster.mpiexec_args(per_node, cluster.nodes[:nodes]),
+                   sys.executable, str(SCRIPT), *map(str, argv)]
+        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                                     env=cluster.env(dict(clean_environment(os.environ), **env)),
+                                     start_new_session=True)
+        self.lines, self.seen = [], threading.Event()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if line.startswith("step 20"):
+                self.seen.set()
+
+    def end(self, timeout):
+        """Wait for the job; kill its process group after ``timeout``. (rc, hung)."""
+        try:
+            self.proc.wait(timeout=timeout)
+            hung = False
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            hung = True
+        self.reader.join(timeout=10)
+        return self.proc.returncode, hung
+
+    @property
+    def text(self):
+        return "".join(self.lines)
+
+
+def _segments():
+    shm = Path("/dev/shm")
+    return {p.name: p.stat().st_size for p in shm.glob("mpich_shm_*") if p.is_file()}
+
+
+def _digest(text):
+    found = re.findall(r"parameters_sha256=([0-9a-f]{64})", text)
+    return found[-1] if found else None
+
+
+def _inject(kind, cluster, victim, trigger):
+    if kind == "ranks_killed":
+        cluster.kill_node(victim, launcher_too=False)
+    elif kind == "node_lost":
+        cluster.kill_node(victim)
+    elif kind == "link_down":
+        cluster.set_link(victim, False)
+    elif kind == "crawl":
+        cluster.shape(victim, "8kbit")
+    elif kind == "frozen":
+        for pid in network.node_pids(victim):
+            os.kill(pid, signal.SIGSTOP)
+    else:  # stuck, slow: the program's own fault
+        trigger.write_text(kind)
+
+
+def _heal(cluster):
+    for node in cluster.nodes:
+        for pid in network.node_pids(node):
+            os.kill(pid, signal.SIGCONT)
+        cluster.set_link(node, True)
+        cluster.shape(node, None)
+        network.kill_node(node)
+
+
+def _named(kind, text, victim, rank, ranks):
+    if kind == "slow":
+        return f"rank {rank} on {victim} is" in text
+    if kind == "stuck":
+        return f"Not arrived: rank {rank}." in text or f"rank {rank} is in user code" in text
+    return victim in text and ranks in text or f"RUNNING AT {victim}" in text
+
+
+def one_run(cluster, layout, kind, level, workdir, reference, rng):
+    nodes, per_node = layout
+    victim = cluster.nodes[nodes - 1]
+    rank = nodes * per_node - 1
+    victims = list(range(rank - per_node + 1, rank + 1))
+    ranks = ("rank " if per_node == 1 else "ranks ") + ",".join(map(str, victims))
+    ckpt, trigger = workdir / "ckpt", workdir / "trigger"
+    for stale in (ckpt, trigger):
+        subprocess.run(["rm", "-rf", str(stale)])
+    env = {"HPCDDP_TIMEOUT": str(TIMEOUT), "MPI4PY_RC_THREAD_LEVEL": level,
+           "HPCDDP_STRAGGLER_STEPS": "20"}
+    steps = SLOW_STEPS if kind == "slow" else 100_000
+    before = _segments()
+    job = Job(cluster, layout, [ckpt, steps, "--trigger", trigger, "--victim", rank,
+                                "--act", "slow" if kind == "slow" else "stuck"], env)
+    if not job.seen.wait(180):
+        job.end(1)
+        raise RuntimeError(f"the job never reached step 20:\n{job.text[-3000:]}")
+    time.sleep(rng.uniform(0.0, 2.0))
+    _inject(kind, cluster, victim, trigger)
+    faulted = time.monotonic()
+    rc, hung = job.end(TIMEOUT + 60 if kind != "slow" else 600)
+    took = time.monotonic() - faulted
+    text = job.text
+    left = {node: len(network.node_pids(node)) for node in cluster.nodes}
+    new = {k: v for k, v in _segments().items() if k not in before}
+    record = {"kind": kind, "rc": rc, "hung": hung, "seconds": round(took, 1),
+              "crashed": bool(CRASH.search(text)), "named": _named(kind, text, victim, rank, ranks),
+              "processes_left": left, "shm_segments_left": len(new),
+              "shm_bytes_left": sum(new.values())}
+    _heal(cluster)
+    for name in new:  # what the end left, so the next run starts clean
+        Path("/dev/shm", name).unlink(missing_ok=True)
+    if kind == "slow":
+        record["identical"] = rc == 0 and _digest(text) == reference["slow"]
+        return record
+    rerun = Job(cluster, layout, [ckpt, RESUME_STEPS], env)
+    rerun_rc, _ = rerun.end(300)
+    record["identical"] = rerun_rc == 0 and _digest(rerun.text) == reference["resume"]
+    _heal(cluster)
+    return record
+
+
+def _references(cluster, layout, level, workdir):
+    env = {"HPCDDP_TIMEOUT": str(TIMEOUT), "MPI4PY_RC_THREAD_LEVEL": level}
+    found = {}
+    for key, steps in (("resume", RESUME_STEPS), ("slow", SLOW_STEPS)):
+        subprocess.run(["rm", "-rf", str(workdir / "ref")])
+        job = Job(cluster, layout, [workdir / "ref", steps], env)
+        rc, _ = job.end(600)
+        if rc != 0:
+            raise RuntimeError(f"the uninterrupted run failed:\n{job.text[-3000:]}")
+        found[key] = _digest(job.text)
+    return found
+
+
+def summarize(records):
+    ends = [r["seconds"] for r in records if not r["hung"]]
+    return {"runs": len(records), "hangs": sum(r["hung"] for r in records),
+            "crashes": sum(r["crashed"] for r in records),
+            "ends_without_naming": sum(not r["named"] for r in records),
+            "end_seconds_median": statistics.median(ends) if ends else None,
+            "end_seconds_max": max(ends) if ends else None,
+            "ended_within_timeout_plus_30": sum(r["seconds"] <= TIMEOUT + 30 for r in records),
+            "processes_left": sum(sum(r["processes_left"].values()) for r in records),
+            "shm_segments_left": sum(r["shm_segments_left"] for r in records),
+            "shm_bytes_left": sum(r["shm_bytes_left"] for r in records),
+            "identical": sum(r["identical"] for r in records)}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layout", default="2x2", help="NODESxRANKS_PER_NODE")
+    parser.add_argument("--runs", type=int, default=20, help="runs per kind")
+    parser.add_argument("--kinds", default=",".join(KINDS))
+    parser.add_argument("--level", default="multiple", help="MPI4PY_RC_THREAD_LEVEL")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--name", default=None, help="results/<name>.json")
+    args = parser.parse_args()
+    layout = tuple(int(x) for x in args.layout.split("x"))
+    kinds = args.kinds.split(",")
+    rng = random.Random(args.seed)
+    workdir = Path(f"/tmp/hpcddp-soak-{os.getpid()}")
+    workdir.mkdir()
+    cluster = EmulatedCluster.up(nodes=layout[0], rate="1gbit", name="hdsoak")
+    try:
+        reference = _references(cluster, layout, args.level, workdir)
+        records = []
+        for index in range(args.runs):
+            for kind in kinds:
+                record = one_run(cluster, layout, kind, args.level, workdir, reference, rng)
+                records.append(record)
+                print(json.dumps(record), flush=True)
+    finally:
+        _heal(cluster)
+        cluster.down()
+        subprocess.run(["rm", "-rf", str(workdir)])
+    table = {kind: summarize([r for r in records if r["kind"] == kind]) for kind in kinds}
+    RESULTS.mkdir(exist_ok=True)
+    name = args.name or f"faults-{args.layout}-{args.level}"
+    (RESULTS / f"{name}.json").write_text(json.dumps(
+        {"benchmark": "fault soak", "layout": args.layout, "level": args.level,
+         "timeout": TIMEOUT, "runs_per_kind": args.runs, "table": table, "runs": records},
+        indent=2) + "\n")
+    for kind, row in table.items():
+        print(kind, json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
