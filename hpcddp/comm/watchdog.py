@@ -314,10 +314,13 @@ class Watchdog(Closable):
 
     def _fail(self, wait, reason: str, defer: bool = False) -> None:
         replies = self._ask_everyone()
-        if defer and self._cut_off_from_rank_zero(replies):
-            self._defer_to_rank_zero()
-            if wait not in activity.current_waits():
-                return  # the link came back and the wait completed
+        if defer:
+            seconds = _DEFER_SECONDS if self._cut_off_from_rank_zero(replies) \
+                else self._lower_rank_timing_out(replies)
+            if seconds:
+                self._defer(seconds)
+                if wait not in activity.current_waits():
+                    return  # the link came back and the wait completed
         abort_job(self.comm, "a wait cannot complete; aborting all ranks",
                   detail=self._report(wait, reason, replies))
 
@@ -329,19 +332,37 @@ class Watchdog(Closable):
         return all(r not in replies and r not in self.departed
                    for r, host in enumerate(self.hosts) if host == home)
 
-    def _defer_to_rank_zero(self) -> None:
-        """Give rank 0's side ``_DEFER_SECONDS`` to report and end the job, answering
-        questions meanwhile.
+    def _lower_rank_timing_out(self, replies) -> float:
+        """Seconds to leave the verdict to a lower-numbered rank that waits too and will
+        time out within ``_DEFER_SECONDS`` (0: none does).
 
-        A link that fails between nodes leaves each side seeing the other silent, and
-        both time out together. The report that matters is rank 0's side's: the launcher
-        runs there (mpiexec, srun and mpirun start on the allocation's first node), so its
-        output arrives. A job ended from the far side first can lose both reports: the far
-        side's behind the failing link, and the near side's, whose ranks die (seen: of
-        SIGSEGV inside MPI) as the far side's are killed. If rank 0's side is truly gone,
-        this rank ends the job itself afterwards.
+        When several ranks wait in different collectives (uneven inputs: one in a DDP
+        step, the others in a barrier), all of them time out at about the same moment,
+        and whichever aborts first ends the job before the others can write their
+        reports. One report is enough, and it should be the same one whatever the
+        timing: the lowest-numbered waiting rank's. If that rank does not end the job
+        in time (its watchdog cannot), this one reports afterwards.
         """
-        deadline = time.monotonic() + _DEFER_SECONDS
+        longest = [max(w["seconds"] for w in reply["waits"])
+                   for rank, reply in replies.items() if rank < self.rank and reply["waits"]]
+        if not longest:
+            return 0.0
+        left = max(0.0, self.timeout - max(longest))
+        return left + _ANSWER_SECONDS + 1.0 if left < _DEFER_SECONDS else 0.0
+
+    def _defer(self, seconds: float) -> None:
+        """Leave the verdict to another rank for ``seconds``, answering questions meanwhile.
+
+        Cut off from rank 0's node, a rank gives rank 0's side ``_DEFER_SECONDS`` to
+        report and end the job. A link that fails between nodes leaves each side seeing
+        the other silent, and both time out together. The report that matters is rank
+        0's side's: the launcher runs there (mpiexec, srun and mpirun start on the
+        allocation's first node), so its output arrives. A job ended from the far side
+        first can lose both reports: the far side's behind the failing link, and the near
+        side's, whose ranks die (seen: of SIGSEGV inside MPI) as the far side's are
+        killed. If the other rank is truly gone, this rank ends the job itself afterwards.
+        """
+        deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not self._stop.is_set():
             self._serve()
             time.sleep(0.05)

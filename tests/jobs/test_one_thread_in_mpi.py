@@ -28,7 +28,8 @@ def _counts(log: Path):
 
 
 def test_the_checker_sees_two_threads_in_mpi(run_job, checker, tmp_path):
-    """Its control: a thread that probes while the main thread reduces is counted."""
+    """Its control: a thread that probes while the main thread reduces is counted (at
+    MULTIPLE, the level that allows it; the serialized suite sets another for the rest)."""
     script = tmp_path / "two_threads.py"
     script.write_text(
         "import threading\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\nstop = []\n"
@@ -37,7 +38,8 @@ def test_the_checker_sees_two_threads_in_mpi(run_job, checker, tmp_path):
         "for _ in range(200):\n    comm.allreduce(1)\nstop.append(1)\nthread.join()\n")
     log = tmp_path / "entry"
     job = run_job([script], n=2, timeout=60,
-                  env={"LD_PRELOAD": str(checker), "MPI_ENTRY_CHECK_LOG": str(log)})
+                  env={"LD_PRELOAD": str(checker), "MPI_ENTRY_CHECK_LOG": str(log),
+                       "MPI4PY_RC_THREAD_LEVEL": "multiple"})
     assert job.returncode == 0, job.output
     counts = _counts(log)
     assert len(counts) == 2 and all(c["overlaps"] > 0 for c in counts), counts
