@@ -10,7 +10,7 @@
 # (open-mpi/ompi#9845, #12045).
 #
 # Result, under build/cuda-mpi/: openmpi/ (the install, stripped), ucx/ (the libraries
-# Open MPI loads), wheels/ (mpi4py for Python 3.11 and 3.12), env.sh (source it: PATH,
+# Open MPI loads), wheels/ (mpi4py, xxhash, tqdm for Python 3.11 and 3.12), env.sh (source it: PATH,
 # OPAL_PREFIX, LD_LIBRARY_PATH for wherever the folder ends up), and
 # build/cuda-mpi.tar.xz to carry.
 set -euo pipefail
@@ -99,6 +99,11 @@ for pyver in 3.11 3.12; do
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" \
     --platform manylinux_2_17_x86_64 --platform manylinux_2_5_x86_64 -d "$OUT/wheels" \
     "mpi4py==$MPI4PY_VERSION"
+  # hpcddp's two light dependencies that a GPU image may lack (checkpoints, packing).
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" \
+    --platform manylinux_2_17_x86_64 --platform manylinux_2_5_x86_64 -d "$OUT/wheels" \
+    "xxhash==$("$PY" -c 'import xxhash; print(xxhash.VERSION)')" \
+    "tqdm==$("$PY" -c 'import tqdm; print(tqdm.__version__)')"
 done
 
 # 6. Proof, and the size to carry.

@@ -17,9 +17,10 @@
 #
 # A failed step is recorded and the next one runs; $OUT/summary.txt lists every step
 # with its status and seconds, and the exit status is the number of failed steps.
-# GPU_CHECK_DEADLINE (seconds, default 540) bounds the whole run: each step's limit is cut
+# GPU_CHECK_DEADLINE (seconds, default 540; none in a rehearsal) bounds the whole run: each step's limit is cut
 # to what is left, and a step with less than 20 s left is recorded as SKIPPED, so that a
-# device run with a fixed budget always brings back a complete summary. The order puts
+# device run with a fixed budget always brings back a complete summary.
+# GPU_CHECK_STEPS=REGEX runs only the steps whose names match (a second run for a fix). The order puts
 # what matters most first: the MPI, the self-test, the GPU DDP step with auto, the CUDA
 # tests of the four modes (run side by side: they check results, not speed), then the
 # DDP step in the forced modes.
@@ -44,10 +45,13 @@ export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 HPCDDP_NUM_
 
 # step NAME NEEDS SECONDS COMMAND...: run, log to $OUT/NAME.log, record the outcome.
 # NEEDS is "gpu" where only a GPU machine can pass it.
-DEADLINE=$((SECONDS + ${GPU_CHECK_DEADLINE:-540}))
+# A rehearsal has no deadline of its own: every step that needs no GPU must run.
+DEADLINE=$((SECONDS + ${GPU_CHECK_DEADLINE:-$([ "$REHEARSAL" = 1 ] && echo 36000 || echo 540)}))
 step() {
   local name=$1 needs=$2 limit=$3; shift 3
   local began=$SECONDS status left=$((DEADLINE - SECONDS))
+  # GPU_CHECK_STEPS: a regular expression; only the steps it matches run (a rerun's fix).
+  [ -n "${GPU_CHECK_STEPS:-}" ] && ! [[ $name =~ $GPU_CHECK_STEPS ]] && return 0
   if [ "$left" -lt 20 ]; then
     printf '%-28s %-4s %s\n' "$name" "$needs" "SKIPPED(deadline)" | tee -a "$SUMMARY"
     return 0
@@ -80,9 +84,9 @@ if [ -f "$TARBALL" ]; then
   # The machine's own mpi4py serves where it loads this Open MPI (4.1's stock wheel does);
   # an older one, or one built for another MPI, gives way to the wheel carried in the
   # tarball (cuda-mpi/wheels, one per Python), unpacked ahead of it on PYTHONPATH.
+  tag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
   if ! "$PY" -c "from mpi4py import MPI; assert MPI.Get_library_version().startswith('Open MPI')" \
        > "$OUT/mpi4py_probe.log" 2>&1; then
-    tag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
     wheel=$(ls "$MPI_DIR"/cuda-mpi/wheels/mpi4py-*-"$tag"-*.whl 2>/dev/null | head -n 1)
     if [ -n "$wheel" ]; then
       "$PY" -m zipfile -e "$wheel" "$MPI_DIR/pylib"
@@ -92,6 +96,18 @@ if [ -f "$TARBALL" ]; then
       echo "mpi4py: this Python's does not load Open MPI and no carried wheel is for $tag" | tee -a "$SUMMARY"
     fi
   fi
+  # hpcddp's own light dependencies, from the carried wheels where this Python lacks them.
+  for module in xxhash tqdm; do
+    "$PY" -c "import $module" 2> /dev/null && continue
+    wheel=$(ls "$MPI_DIR"/cuda-mpi/wheels/"$module"-*-{"$tag",py3}-*.whl 2> /dev/null | head -n 1)
+    if [ -n "$wheel" ]; then
+      "$PY" -m zipfile -e "$wheel" "$MPI_DIR/pylib"
+      case ":$PYTHONPATH:" in *":$MPI_DIR/pylib:"*) ;; *) export PYTHONPATH=$MPI_DIR/pylib:$PYTHONPATH ;; esac
+      echo "$module: not installed here; using $(basename "$wheel")" | tee -a "$SUMMARY"
+    else
+      echo "$module: not installed here and no carried wheel is for $tag" | tee -a "$SUMMARY"
+    fi
+  done
   # mpirun passes on only what -x names; the modes' variables are set per step, so every
   # name is given a value here (an unset one draws a warning and is not passed).
   export HPCDDP_REDUCE=${HPCDDP_REDUCE:-auto} HPCDDP_TEST_GPU=${HPCDDP_TEST_GPU:-0}
@@ -156,7 +172,7 @@ CUDA_TESTS=(tests/mpi/test_ddp_vs_single.py tests/mpi/test_ddp_vs_torch.py
             tests/mpi/test_process_group.py tests/mpi/test_world.py tests/mpi/test_ring.py)
 for mode in auto mpi ring staged; do
   step "cuda_tests_$mode" gpu 240 env HPCDDP_REDUCE=$mode HPCDDP_TEST_GPU=1 \
-    "${MPIRUN[@]}" -n 2 "$PY" -m pytest -q -x -p no:cacheprovider -p hpcddp.testing -k "cuda or gpu or sparse" \
+    "${MPIRUN[@]}" -n 2 "$PY" -m pytest -q -p no:cacheprovider -p hpcddp.testing -k "cuda or gpu or sparse" \
     "${CUDA_TESTS[@]}" &
 done
 wait

@@ -147,7 +147,8 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
         self._stragglers = StragglerCheck(self._control, get_setting("STRAGGLER_STEPS"))
         self._opened()
         try:
-            self._control_transport = Transport(self._control, world.cuda_aware)
+            self._control_transport = Transport(self._control, world.cuda_aware,
+                                                reduction=world.reduction)
             if init_sync:
                 verify_same_parameters(self._control, named,
                                        [(n, b) for n, b in module.named_buffers()])

@@ -33,10 +33,12 @@ class _Shared(lifetime.Closable):
 
     _what = "hpcddp SyncBatchNorm communicator"
 
-    def __init__(self, parent, cuda_aware):
+    def __init__(self, parent, world):
         self.comm = parent.Dup()
         self.comm.Set_name("hpcddp.syncbn")
-        self.transport = Transport(self.comm, cuda_aware)
+        # The world's reduction: where MPI's Iallreduce of device buffers fails (Open
+        # MPI's libnbc), the gradient sums go round hpcddp's ring as DDP's buckets do.
+        self.transport = Transport(self.comm, world.cuda_aware, reduction=world.reduction)
         self._opened()
 
     def _release(self):
@@ -58,7 +60,7 @@ def _transport_for(process_group) -> Transport:
     key = MPI._handleof(parent)
     held = _shared.get(key)
     if held is None or held.closed:
-        held = _shared[key] = _Shared(parent, world.cuda_aware)
+        held = _shared[key] = _Shared(parent, world)
     return held.transport
 
 

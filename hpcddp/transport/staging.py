@@ -85,9 +85,10 @@ class StagedRoute(Route):
         bindings = []
         # Every piece gets a side-stream event even when MPI only writes: the host buffer
         # may still be read by the copy back of the previous operation on this slot.
+        flat = work.view(-1)  # the host buffer is flat: pieces are flat ranges
         with self.cuda.stream(side):
             for a, b in slice_bounds(work.numel(), work.element_size(), chunk_bytes):
-                part, mirror = work[a:b], host[a:b]
+                part, mirror = flat[a:b], host[a:b]
                 if read:
                     mirror.copy_(part, non_blocking=True)
                 ready = self.cuda.Event()

@@ -307,3 +307,23 @@ def test_waiting_for_a_late_event_pauses_between_polls(cuda):
     t.issue_all()
     assert t.pending() == 0 and 1 <= event.queries < 500, event.queries
     transfer.wait()
+
+
+def test_staged_tensors_of_any_shape_travel_and_come_back_whole(cuda):
+    # SyncBatchNorm gathers a rank's statistics into a (ranks, values) tensor: the staging
+    # buffer is flat, so each piece must be a flat range of the tensor, not of its rows.
+    t = transport(cuda)
+    stats = torch.arange(7, dtype=torch.float64)
+    gathered = torch.zeros((1, 7), dtype=torch.float64)
+    transfer = t.submit("statistics", [(stats, True, False), (gathered, False, True)],
+                        lambda src, dst: t.comm.Iallgather(src.buf, dst.buf), result=gathered)
+    for event in cuda.events:
+        event.done = True
+    assert torch.equal(transfer.wait(), stats.view(1, 7))
+    grid = torch.arange(24, dtype=torch.float32).view(2, 3, 4)
+    t.chunk_bytes = 40  # pieces of 10 values: across rows
+    pieces = t.allreduce(grid, slot=0, route=t.staged)
+    for event in cuda.events:
+        event.done = True
+    assert len(pieces.pieces) == 3
+    assert torch.equal(pieces.wait(), torch.arange(24, dtype=torch.float32).view(2, 3, 4))
