@@ -19,8 +19,8 @@ lands after a random 0-2 s on the last node (or its last rank):
 
 For each run: whether it hung (no end within the timeout + 60 s), crashed (a rank dead
 of SIGSEGV, SIGBUS, SIGABRT, SIGFPE or SIGILL), ended with a line naming the node (or
-the rank), the seconds from fault to end, what was left on the nodes (processes,
-MPICH's /dev/shm segments and their bytes), and whether a rerun on the healed cluster
+the rank), the seconds from fault to end, what was left on the nodes (ranks still alive up to
+``LINGER`` seconds after the launcher ended, MPICH's /dev/shm segments and their bytes), and whether a rerun on the healed cluster
 resumed to the parameters of an uninterrupted run. ``results/faults-<layout>-<level>.json``.
 """
 
@@ -48,6 +48,7 @@ TIMEOUT = 10
 CRASH = re.compile(r"EXIT CODE: (4|6|7|8|11)\b|Segmentation fault|Bus error")
 RESUME_STEPS = 1000  # a rerun trains to this step from the last checkpoint (every 5 steps)
 SLOW_STEPS = 400     # the slow kind's whole run, which must end by itself
+LINGER = TIMEOUT + 25  # how long ranks cut off from the launcher may take to end themselves
 KINDS = ("ranks_killed", "node_lost", "link_down", "crawl", "frozen", "stuck", "slow")
 
 
@@ -93,6 +94,25 @@ class Job:
 def _segments():
     shm = Path("/dev/shm")
     return {p.name: p.stat().st_size for p in shm.glob("mpich_shm_*") if p.is_file()}
+
+
+def _ranks_left(cluster):
+    """Ranks still alive on each node once the launcher has ended, after up to LINGER
+    seconds: a node cut off from the launcher ends its own ranks (the watchdog's timeout,
+    then its wait for rank 0's side to report); a frozen node's cannot end at all."""
+    def alive(node):
+        return [pid for pid in network.node_pids(node) if SCRIPT.name in _cmdline(pid)]
+    deadline = time.monotonic() + LINGER
+    while time.monotonic() < deadline and any(alive(node) for node in cluster.nodes):
+        time.sleep(0.5)
+    return {node: len(alive(node)) for node in cluster.nodes}
+
+
+def _cmdline(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _digest(text):
@@ -157,12 +177,14 @@ def one_run(cluster, layout, kind, level, workdir, reference, rng):
     rc, hung = job.end(TIMEOUT + 60 if kind != "slow" else 600)
     took = time.monotonic() - faulted
     text = job.text
-    left = {node: len(network.node_pids(node)) for node in cluster.nodes}
+    left = _ranks_left(cluster)
     new = {k: v for k, v in _segments().items() if k not in before}
     record = {"kind": kind, "rc": rc, "hung": hung, "seconds": round(took, 1),
               "crashed": bool(CRASH.search(text)), "named": _named(kind, text, victim, rank, ranks),
-              "processes_left": left, "shm_segments_left": len(new),
+              "ranks_left": left, "shm_segments_left": len(new),
               "shm_bytes_left": sum(new.values())}
+    if not record["named"] or record["crashed"]:
+        record["output_tail"] = text[-2000:]  # what the user saw instead
     _heal(cluster)
     for name in new:  # what the end left, so the next run starts clean
         Path("/dev/shm", name).unlink(missing_ok=True)
@@ -197,7 +219,7 @@ def summarize(records):
             "end_seconds_median": statistics.median(ends) if ends else None,
             "end_seconds_max": max(ends) if ends else None,
             "ended_within_timeout_plus_30": sum(r["seconds"] <= TIMEOUT + 30 for r in records),
-            "processes_left": sum(sum(r["processes_left"].values()) for r in records),
+            "ranks_left": sum(sum(r["ranks_left"].values()) for r in records),
             "shm_segments_left": sum(r["shm_segments_left"] for r in records),
             "shm_bytes_left": sum(r["shm_bytes_left"] for r in records),
             "identical": sum(r["identical"] for r in records)}

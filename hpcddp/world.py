@@ -20,7 +20,7 @@ from hpcddp.comm.cuda_aware import detect_cuda_aware
 from hpcddp.comm.lifetime import Closable, free_comm
 from hpcddp.comm.ranks import by_value, ranks_text
 from hpcddp.comm.threads import thread_level_name
-from hpcddp.comm.topology import clone_comm, node_layout
+from hpcddp.comm.topology import clone_comm, forget_segment_names, node_layout
 from hpcddp.env import ConfigError, check_not_singleton, detect_launcher, get_setting
 
 __all__ = ["World", "device_index", "device_self_test"]
@@ -141,6 +141,8 @@ class World(Closable):
         activity.channel_for(self.comm, "world")
         layout = node_layout(self.comm)
         self.local_comm = layout.local_comm
+        # A job that ends without MPI_Finalize leaves no MPICH segment in /dev/shm.
+        self.segments_unlinked = forget_segment_names(self.local_comm)
         self.rank, self.size = self.comm.rank, self.comm.size
         self.local_rank, self.local_size = layout.local_rank, layout.local_size
         self.node_rank, self.num_nodes = layout.node_rank, layout.num_nodes

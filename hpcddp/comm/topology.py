@@ -1,13 +1,20 @@
 """The library's private communicator and the node layout derived from it."""
 
+import os
+import re
 import time
-from typing import NamedTuple, Optional
+from typing import List, NamedTuple, Optional
 
 from mpi4py import MPI
 
 from hpcddp.comm.serial import serialize
 
-__all__ = ["MissingRanksError", "NodeLayout", "clone_comm", "node_layout"]
+__all__ = ["MissingRanksError", "NodeLayout", "clone_comm", "forget_segment_names",
+           "node_layout"]
+
+# MPICH's node segment, made in MPI_Init and named until MPI_Finalize unlinks it:
+# mpich_shm_<hash of the job>_<node>. Its other segments are unlinked once attached.
+_MPICH_SEGMENT = re.compile(r"^/dev/shm/mpich_shm_[0-9a-f]+_[0-9]+$")
 
 
 class MissingRanksError(RuntimeError):
@@ -77,3 +84,34 @@ def node_layout(comm: "MPI.Intracomm") -> NodeLayout:
         leaders.Free()
     node_rank, num_nodes = local.bcast(numbering, root=0)
     return NodeLayout(local, local.rank, local.size, node_rank, num_nodes)
+
+
+def forget_segment_names(local: "MPI.Intracomm", maps: str = "/proc/self/maps") -> List[str]:
+    """Unlink the names of MPICH's node shared-memory segment once every rank of the
+    node has it mapped; return the names unlinked (on the node's first rank).
+
+    MPICH names the segment in ``MPI_Init`` and removes the name in ``MPI_Finalize``, so
+    a job that ends any other way (an abort, a killed rank, a lost node) leaves it in
+    ``/dev/shm`` (2 MiB or more a node, every time). The ranks only need the mapping, not
+    the name, as with an unlinked temporary file: without the name the memory is freed
+    when the last rank of the node exits, however it exits. Finalize finds no name to
+    remove and goes on. Only names this process maps are touched.
+
+    .. warning:: Collective over ``local``.
+    """
+    local.Barrier()  # every rank of the node is past MPI_Init: all have mapped it
+    removed = []
+    if local.rank == 0:
+        try:
+            with open(maps) as mapped:
+                names = {line.split()[-1] for line in mapped if "/dev/shm/" in line}
+        except OSError:
+            names = set()
+        for name in sorted(n for n in names if _MPICH_SEGMENT.match(n)):
+            try:
+                os.unlink(name)
+                removed.append(name)
+            except OSError:
+                pass  # gone already, or not ours to remove
+    local.Barrier()
+    return removed

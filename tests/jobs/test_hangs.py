@@ -4,6 +4,7 @@ Every job runs with a short HPCDDP_TIMEOUT and under a hard timeout of its own; 
 asserts the exit code, the message and how long the job took.
 """
 
+import os
 import re
 
 import pytest
@@ -20,6 +21,15 @@ def _stuck(run_job, scenario, n, env=None):
                   env=dict(ENV, **(env or {})))
     assert not job.timed_out, f"{scenario} hung:\n{job.output[-3000:]}"
     return job
+
+
+def _left_behind(job):
+    """The shared-memory files the ranks mapped under a name at MPI_Init that still
+    exist after the job (MPICH names its node segment until MPI_Finalize)."""
+    named = {path for line in job.stdout.splitlines()
+             if line.startswith("segments before init: ")
+             for path in line.split(": ", 1)[1].split() if path != "-"}
+    return sorted(p for p in named if os.path.exists(p))
 
 
 def _failed_within(job, seconds):
@@ -56,6 +66,7 @@ def test_uneven_inputs_then_a_barrier_end_at_the_timeout(run_job, n):
     assert "Not arrived: rank 1." in job.stderr
     assert "rank 1 waits at step 5 of DDP model #0 where this rank is at step 4" in job.stderr
     assert "with model.join():" in job.stderr
+    assert _left_behind(job) == [], job.output  # the abort left nothing in /dev/shm
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -103,6 +114,9 @@ def test_rank_killed_mid_step_ends_the_job(run_job, n):
     job = _stuck(run_job, "sigkill", n)
     _failed_within(job, QUICK)
     assert "signal 9" in job.output or "Killed" in job.output
+    # Every rank died without MPI_Finalize: the MPI's named segment is gone all the same.
+    assert "segments before init: " in job.stdout, job.output
+    assert _left_behind(job) == [], job.output
 
 
 @pytest.mark.parametrize("n", [2, 3])

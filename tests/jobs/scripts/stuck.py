@@ -39,8 +39,17 @@ class Rows(torch.utils.data.Dataset):
         return torch.full((4,), float(i))
 
 
+def _named_segments():
+    """The MPI library's shared-memory files this process maps under a name."""
+    with open("/proc/self/maps") as maps:
+        return sorted({line.split()[-1] for line in maps if "/dev/shm/" in line
+                       and not line.rstrip().endswith("(deleted)")})
+
+
 def main(scenario):
     torch.set_num_threads(1)
+    from mpi4py import MPI  # MPI_Init, as a script that imports mpi4py first does
+    print(f"segments before init: {' '.join(_named_segments()) or '-'}", flush=True)
     world = hpcddp.init()
     print(f"rank {world.rank} pid {os.getpid()}", flush=True)
     torch.manual_seed(0)
