@@ -19,9 +19,12 @@ lands after a random 0-2 s on the last node (or its last rank):
 
 For each run: whether it hung (no end within the timeout + 60 s), crashed (a rank dead
 of SIGSEGV, SIGBUS, SIGABRT, SIGFPE or SIGILL), ended with a line naming the node (or
-the rank), the seconds from fault to end, what was left on the nodes (ranks still alive up to
-``LINGER`` seconds after the launcher ended, MPICH's /dev/shm segments and their bytes), and whether a rerun on the healed cluster
-resumed to the parameters of an uninterrupted run. ``results/faults-<layout>-<level>.json``.
+the rank; an end within 1 s with no such line is counted apart: the launcher ended every
+rank at once and none lived to report), the seconds from fault to end, what was left on
+the nodes (ranks still alive up to ``LINGER`` seconds after the launcher ended, MPICH's
+/dev/shm segments and their bytes), and whether a rerun on the healed cluster resumed to
+the parameters of an uninterrupted run. ``results/faults-<layout>-<level>.json``;
+``--table-from FILE`` recomputes a results file's table from its runs.
 """
 
 import argparse
@@ -194,6 +197,8 @@ def one_run(cluster, layout, kind, level, workdir, reference, rng):
     rerun = Job(cluster, layout, [ckpt, RESUME_STEPS], env)
     rerun_rc, _ = rerun.end(300)
     record["identical"] = rerun_rc == 0 and _digest(rerun.text) == reference["resume"]
+    if not record["identical"]:
+        record["resume_rc"], record["resume_tail"] = rerun_rc, rerun.text[-2000:]
     _heal(cluster)
     return record
 
@@ -211,11 +216,19 @@ def _references(cluster, layout, level, workdir):
     return found
 
 
+def _no_survivor(record):
+    """The launcher ended every rank within a second of the fault, with no report: no
+    rank lived to name anything (hydra, when a node's proxy dies with it)."""
+    return not record["named"] and not record["hung"] and record["seconds"] < 1.0
+
+
 def summarize(records):
     ends = [r["seconds"] for r in records if not r["hung"]]
     return {"runs": len(records), "hangs": sum(r["hung"] for r in records),
             "crashes": sum(r["crashed"] for r in records),
-            "ends_without_naming": sum(not r["named"] for r in records),
+            "ends_without_naming": sum(not r["named"] and not _no_survivor(r)
+                                       for r in records),
+            "ended_by_the_launcher_with_no_survivor": sum(map(_no_survivor, records)),
             "end_seconds_median": statistics.median(ends) if ends else None,
             "end_seconds_max": max(ends) if ends else None,
             "ended_within_timeout_plus_30": sum(r["seconds"] <= TIMEOUT + 30 for r in records),
@@ -233,7 +246,16 @@ def main():
     parser.add_argument("--level", default="multiple", help="MPI4PY_RC_THREAD_LEVEL")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--name", default=None, help="results/<name>.json")
+    parser.add_argument("--table-from", default=None, metavar="JSON",
+                        help="only recompute the table of a results file from its runs")
     args = parser.parse_args()
+    if args.table_from:
+        path = Path(args.table_from)
+        data = json.loads(path.read_text())
+        kinds = list(dict.fromkeys(r["kind"] for r in data["runs"]))
+        data["table"] = {k: summarize([r for r in data["runs"] if r["kind"] == k]) for k in kinds}
+        path.write_text(json.dumps(data, indent=2) + "\n")
+        return
     layout = tuple(int(x) for x in args.layout.split("x"))
     kinds = args.kinds.split(",")
     rng = random.Random(args.seed)

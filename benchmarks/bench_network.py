@@ -4,6 +4,7 @@ in the same job on the same links.
 
     python benchmarks/bench_network.py            # all of it, about 15 minutes
     python benchmarks/bench_network.py --quick    # fewer sizes and repeats
+    python benchmarks/bench_network.py --before /tmp/old-checkout   # DDP rows, old vs new
 
 - allreduce: bus bandwidth (2 (n - 1) / n * S / t, n nodes) as a share of the link rate,
   for hpcddp's reductions, raw MPI and gloo; at 1 and 2.5 Gbit/s, on 2 and 4 nodes x 1
@@ -30,13 +31,18 @@ from hpcddp.emulated.network import parse_rate  # noqa: E402
 NAME = "hdbench"
 
 
-def _job(cluster, nodes, per_node, argv):
+def _job(cluster, nodes, per_node, argv, hpcddp_from=None):
+    """One job of net_job.py; ``hpcddp_from``: a checkout whose hpcddp the ranks import
+    instead of this one (ahead of the installed one on PYTHONPATH)."""
     command = [str(Path(sys.executable).parent / "mpiexec"),
                *cluster.mpiexec_args(per_node, cluster.nodes[:nodes]),
                "-genv", "HPCDDP_NUM_THREADS", "1", "-genv", "OMP_NUM_THREADS", "1",
                sys.executable, str(HERE / "net_job.py"), *argv]
+    env = cluster.env()
+    if hpcddp_from:
+        env["PYTHONPATH"] = str(Path(hpcddp_from).resolve())
     done = subprocess.run(command, capture_output=True, text=True, cwd=HERE, timeout=1800,
-                          env=cluster.env())
+                          env=env)
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -62,7 +68,13 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rates", default="1gbit,2.5gbit")
+    parser.add_argument("--before", default=None, metavar="CHECKOUT",
+                        help="only the DDP rows, each job run alternately with this "
+                             "checkout's hpcddp and with this one's, --repeats times")
+    parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
+    if args.before:
+        return compare(args)
     sizes = "1,16" if args.quick else "1,16,24,64"
     iters = "3" if args.quick else "5"
     runs = []
@@ -99,6 +111,30 @@ def main():
     out.write_text(json.dumps({"benchmark": "network-bound collectives and DDP on an "
                                             "emulated cluster (tbf-shaped links)",
                                "runs": runs}, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+def compare(args):
+    """The DDP rows of two versions of hpcddp side by side, on the same links: for each
+    rate, the 2 x 1 job with the other checkout's hpcddp, then with this one's, repeated;
+    results/network_ddp_before_after.json."""
+    runs = []
+    for rate in args.rates.split(","):
+        with EmulatedCluster.up(nodes=2, rate=rate, name=NAME) as cluster:
+            for repeat in range(args.repeats):
+                for version, tree in (("before", args.before), ("after", None)):
+                    result = _job(cluster, 2, 1, ["ddp", "--steps", "10"], hpcddp_from=tree)
+                    steps = result["steps"]
+                    row = {"rate": rate, "version": version, "repeat": repeat,
+                           "steps_ms": {k: v["median_ms"] for k, v in steps.items()},
+                           "hpcddp_vs_torch_ddp_gloo": steps["hpcddp"]["median_ms"] /
+                           steps["torch_ddp_gloo"]["median_ms"]}
+                    runs.append(row)
+                    print(json.dumps(row), flush=True)
+    out = HERE / "results" / "network_ddp_before_after.json"
+    out.write_text(json.dumps({"benchmark": "bench_network's DDP rows (2 x 1), two versions "
+                                            "of hpcddp alternately on the same links",
+                               "before": str(args.before), "runs": runs}, indent=1) + "\n")
     print(f"wrote {out}")
 
 

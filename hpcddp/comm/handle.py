@@ -95,9 +95,7 @@ class Handle:
     def _block(self) -> None:
         """Wait until complete (no timeout), testing under the lock and letting go of it
         between polls, so that other threads may enter MPI meanwhile."""
-        backoff = serial.backoff()
-        while not self.test():
-            backoff.pause()
+        serial.poll(self.test)
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Block until the operation completes; return ``result``.

@@ -21,8 +21,9 @@ The pickle-based collectives (``bcast``, ``allgather``, ``gather``, ``scatter``,
 ``alltoall``, ``allreduce``, ``reduce``) run as a nonblocking collective of the pickles'
 sizes and one of their bytes, polled the same way; ``recv`` polls a matched probe and
 ``Dup`` runs as ``Idup``. The other ways to make a communicator (``Split``,
-``Create_group``) have no nonblocking form and hold ``LOCK`` until they return. Code outside hpcddp that calls MPI while hpcddp's helper
-threads run holds ``LOCK`` too (``hpcddp.mpi_lock``).
+``Create_group``) have no nonblocking form and hold ``LOCK`` until they return. Code
+outside hpcddp that calls MPI while hpcddp's helper threads run holds ``LOCK`` too
+(``hpcddp.mpi_lock``).
 """
 
 import contextlib
@@ -30,14 +31,14 @@ import functools
 import itertools
 import threading
 from array import array
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 from mpi4py import MPI
 
 from hpcddp.comm.backoff import Backoff
 
-__all__ = ["LOCK", "SerialComm", "SerialRequest", "backoff", "held", "mpi_lock", "serialize",
-           "wait", "wait_all"]
+__all__ = ["LOCK", "SerialComm", "SerialRequest", "backoff", "held", "mpi_lock", "poll",
+           "serialize", "wait", "wait_all"]
 
 LOCK = threading.RLock()
 mpi_lock = LOCK  # its public name: ``with hpcddp.mpi_lock: comm.Iprobe()``
@@ -67,24 +68,31 @@ def held(seconds: float):
             LOCK.release()
 
 
-def wait(request: "MPI.Request", status: Optional["MPI.Status"] = None) -> None:
-    """Complete ``request``, testing it under ``LOCK`` and letting go of it between polls."""
+def poll(done: Callable[[], Any]) -> Any:
+    """Call ``done`` until it returns something true, and return that: every wait for
+    MPI in hpcddp. ``done`` takes ``LOCK`` for its MPI calls; between calls nothing is
+    held and the pauses are ``backoff()``'s."""
     polls = backoff()
     while True:
-        with LOCK:
-            if MPI.Request.Test(request, status):
-                return
+        result = done()
+        if result:
+            return result
         polls.pause()
+
+
+def _under_lock(call, *args):
+    with LOCK:
+        return call(*args)
+
+
+def wait(request: "MPI.Request", status: Optional["MPI.Status"] = None) -> None:
+    """Complete ``request``, testing it under ``LOCK`` and letting go of it between polls."""
+    poll(functools.partial(_under_lock, MPI.Request.Test, request, status))
 
 
 def wait_all(requests: Sequence["MPI.Request"], statuses=None) -> None:
     """Complete every one of ``requests`` (``MPI_Waitall`` without holding ``LOCK``)."""
-    polls, requests = backoff(), list(requests)
-    while True:
-        with LOCK:
-            if MPI.Request.Testall(requests, statuses):
-                return
-        polls.pause()
+    poll(functools.partial(_under_lock, MPI.Request.Testall, list(requests), statuses))
 
 
 def _wrap(result):
@@ -304,13 +312,10 @@ class SerialRequest(MPI.Request):
         return True
 
     def wait(self, status: Optional["MPI.Status"] = None):
-        polls = backoff()
-        while True:
-            with LOCK:
-                done, message = MPI.Request.test(self, status)
-            if done:
-                return message
-            polls.pause()
+        def received():
+            done, message = _under_lock(MPI.Request.test, self, status)
+            return (message,) if done else None
+        return poll(received)[0]
 
 
 def serialize(comm: "MPI.Intracomm") -> "SerialComm":

@@ -93,7 +93,10 @@ class Watchdog(Closable):
             return
         self._leaving = True
         if self.threaded:
-            self._send_to_others(_LEFT, activity.snapshot(stack=False))
+            # As long as any wait may last (HPCDDP_TIMEOUT): a call that never returns
+            # while holding LOCK ends the job by then, through the watchdog.
+            self._send_to_others(_LEFT, activity.snapshot(stack=False),
+                                 patience=self.timeout or -1)
         self._wake.set()  # the others' departures are taken as they come, not per tick
 
     def _wait_for_departures(self) -> None:
@@ -135,15 +138,18 @@ class Watchdog(Closable):
                 self._serve()
             self._check()
 
-    def _send(self, rank: int, tag: int, message) -> None:
-        with self._sending, serial.held(_LOCK_SECONDS) as held:
+    def _send(self, rank: int, tag: int, message, patience: float = _LOCK_SECONDS) -> None:
+        """Send ``message`` if ``LOCK`` can be had within ``patience`` seconds (-1: for
+        as long as it takes). A departure waits longer than a question or an answer: lost,
+        the others would wait for this rank until their timeout."""
+        with self._sending, serial.held(patience) as held:
             if held:
                 self._sends.append(MPI.Intracomm.isend(self.comm, message, dest=rank, tag=tag))
 
-    def _send_to_others(self, tag: int, message) -> None:
+    def _send_to_others(self, tag: int, message, patience: float = _LOCK_SECONDS) -> None:
         for rank in range(self.size):
             if rank != self.rank:
-                self._send(rank, tag, message)
+                self._send(rank, tag, message, patience)
 
     def _serve(self) -> None:
         """Take every message that has come: answer questions, note departures."""

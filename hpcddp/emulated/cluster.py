@@ -215,7 +215,10 @@ class EmulatedCluster:
 
     def set_link(self, node: str, up: bool) -> None:
         """Take ``node``'s link down, or bring it up again."""
-        network.set_link(self._host_if(self._index(node)), up)
+        index = self._index(node)
+        network.set_link(self._host_if(index), up, self.nodes[index])
+        if up:  # the root namespace's side forgets the failed entries too
+            network.flush_neighbours(self.bridge)
 
     def shape(self, node: str, rate: Optional[str]) -> None:
         """Give ``node``'s link ``rate`` (e.g. ``"100kbit"``: a crawl), None: unshaped."""

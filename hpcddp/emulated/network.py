@@ -12,6 +12,7 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 import zlib
 from typing import List, Optional, Sequence
 
@@ -181,6 +182,29 @@ def shape(node: str, host_if: str, rate: Optional[str]) -> None:
              "burst", str(burst), "latency", _TBF_LATENCY)
 
 
-def set_link(host_if: str, up: bool) -> None:
-    """Take a node's link down (as a failed switch port) or bring it back up."""
+def flush_neighbours(device: str) -> None:
+    """Forget the root namespace's neighbour entries on ``device`` (the bridge)."""
+    _run("ip", "neigh", "flush", "dev", device, check=False)
+
+
+def set_link(host_if: str, up: bool, node: Optional[str] = None) -> None:
+    """Take a node's link down (as a failed switch port) or bring it back up.
+
+    Brought up, the link is usable when this returns: its carrier is up, and ``node``'s
+    neighbour entries, failed while it was down, are flushed (otherwise the node's first
+    connections fail with "No route to host" until they expire).
+    """
     _run("ip", "link", "set", host_if, "up" if up else "down")
+    if not up:
+        return
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/sys/class/net/{host_if}/operstate") as state:
+                if state.read().strip() == "up":
+                    break
+        except OSError:
+            break
+        time.sleep(0.05)
+    if node is not None:
+        _run("ip", "-n", node, "neigh", "flush", "all", check=False)

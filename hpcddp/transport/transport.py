@@ -12,6 +12,7 @@ progress thread (``hpcddp.comm.progress``) may complete transfers while the call
 new ones, and a wait lets go of it between polls.
 """
 
+import functools
 from collections import deque
 from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
 
@@ -107,9 +108,7 @@ class Transfer(Handle):
         """Issue and complete the pieces in order, letting go of the lock between polls."""
         for piece in self.pieces:
             self.transport.issue_through(piece)
-            backoff = serial.backoff()
-            while not self._test_piece(piece):
-                backoff.pause()
+            serial.poll(functools.partial(self._test_piece, piece))
             # Each piece goes back as soon as it is in, while later ones are reduced.
             with self._lock:
                 self._bring_back(piece)
