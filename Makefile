@@ -95,7 +95,8 @@ cluster-down: venv
 # A slow target (CI runs it after `make test`): the MPI suites as jobs across three
 # emulated nodes, and faults across nodes. The cluster is removed even if pytest is killed.
 test-cluster: venv
-	$(PYTEST) tests/cluster; status=$$?; $(PY) -m hpcddp cluster down --name hdtest; exit $$status
+	$(PYTEST) tests/cluster; status=$$?; $(PY) -m hpcddp cluster down --name hdtest; \
+	  $(PY) -m hpcddp cluster down --name hdsoak; exit $$status
 
 # The slow target: h5py built against Debian's parallel HDF5 and MPICH, in its own venv
 # (never mixed with the mpich wheel), for the loader's 'mpio' backend. About 6-7 minutes

@@ -246,6 +246,8 @@ def main():
     parser.add_argument("--level", default="multiple", help="MPI4PY_RC_THREAD_LEVEL")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--name", default=None, help="results/<name>.json")
+    parser.add_argument("--out", default=None, metavar="JSON",
+                        help="write the results here instead of results/<name>.json")
     parser.add_argument("--table-from", default=None, metavar="JSON",
                         help="only recompute the table of a results file from its runs")
     args = parser.parse_args()
@@ -277,7 +279,8 @@ def main():
     table = {kind: summarize([r for r in records if r["kind"] == kind]) for kind in kinds}
     RESULTS.mkdir(exist_ok=True)
     name = args.name or f"faults-{args.layout}-{args.level}"
-    (RESULTS / f"{name}.json").write_text(json.dumps(
+    out = Path(args.out) if args.out else RESULTS / f"{name}.json"
+    out.write_text(json.dumps(
         {"benchmark": "fault soak", "layout": args.layout, "level": args.level,
          "timeout": TIMEOUT, "runs_per_kind": args.runs, "table": table, "runs": records},
         indent=2) + "\n")

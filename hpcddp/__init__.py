@@ -33,3 +33,6 @@ install_early_hook()
 # `dist.init_process_group("hpcddp")` works once hpcddp is imported (hpcddp.torch_init):
 # the backend is registered as soon as torch.distributed is, by whoever imports it.
 after_import("torch.distributed", "hpcddp.torch_init:register")
+# torch's own thread count, noted as torch is imported: one the script sets afterwards,
+# before init(), is kept (hpcddp.env.threads).
+after_import("torch", "hpcddp.env.threads:note_torch_default")

@@ -39,7 +39,8 @@ def rank_report(world) -> Dict[str, object]:
     return {
         "host": world.hostname, "rank": world.rank, "local_rank": world.local_rank,
         "node_rank": world.node_rank, "device": str(world.device),
-        "threads": world.num_threads, "mpi_library": _mpi_library(),
+        "threads": world.num_threads, "threads_reason": world.threads_reason,
+        "mpi_library": _mpi_library(),
         "mpi_standard": "%d.%d" % MPI.Get_version(), "launcher": world.launcher,
         "thread_level": world.thread_level,
         "cuda_aware": world.cuda_aware, "cuda_aware_reason": world.cuda_aware_reason,
@@ -137,6 +138,11 @@ def _print_table(reports, out):
         print(line([h for h, _ in columns]), file=out)
         for i in members:
             print(line(table[i]), file=out)
+    decided = {}
+    for rank, report in enumerate(reports):
+        decided.setdefault(report["threads_reason"], []).append(rank)
+    for reason, ranks in decided.items():
+        print(f"\ntorch threads: {reason} (ranks {ranks_text(ranks)})", file=out)
 
 
 def main(argv=None) -> int:

@@ -28,7 +28,8 @@ def comm_of(group):
 def group_for(world, options) -> MPIProcessGroup:
     """The group torch asks the ``"hpcddp"`` backend for (``hpcddp.torch_init``
     registers it): on a duplicate of ``world``'s communicator, or of the part of it that
-    holds ``options.global_ranks_in_group``.
+    holds ``options.global_ranks_in_group``, with the group's ``timeout`` on every wait
+    (torch's default is 30 minutes; ``HPCDDP_TIMEOUT``'s watchdog ends the job at 10).
 
     .. warning:: Collective over the group's ranks.
     """
@@ -38,7 +39,10 @@ def group_for(world, options) -> MPIProcessGroup:
     else:
         comm = world.comm.Create_group(world.comm.group.Incl(ranks))
     comm.Set_name(f"hpcddp.torch.{options.group_id}")
-    return MPIProcessGroup(comm, world.cuda_aware, owns_comm=True, reduction=world.reduction)
+    timeout = getattr(options, "timeout", None)
+    seconds = timeout.total_seconds() if timeout is not None else 0.0
+    return MPIProcessGroup(comm, world.cuda_aware, owns_comm=True, reduction=world.reduction,
+                           timeout=seconds if seconds > 0 else None)
 
 
 def init_default_group(world) -> bool:

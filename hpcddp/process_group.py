@@ -22,6 +22,8 @@ Work is asynchronous (``hpcddp.work``): a collective returns once its MPI reques
 issued, or queued behind its CUDA producer's event.
 """
 
+from typing import Optional
+
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
@@ -55,6 +57,8 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
         cuda_aware: hand CUDA tensors to MPI as device buffers.
         reduction: how allreduces are carried out, ``"mpi"`` or ``"ring"``.
         owns_comm: ``close()`` frees ``comm`` (a duplicate made for this group).
+        timeout: seconds any of its operations may be waited for before the wait raises
+            ``DistBackendError``, as gloo's (torch passes the group's ``timeout``).
 
     ``dist.destroy_process_group`` closes it; ``close()`` does the same by hand.
     """
@@ -62,8 +66,9 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
     _what = "hpcddp process group"
 
     def __init__(self, comm, cuda_aware: bool = False, owns_comm: bool = False,
-                 reduction: str = "mpi"):
+                 reduction: str = "mpi", timeout: Optional[float] = None):
         super().__init__(comm.rank, comm.size)
+        self.timeout = timeout  # seconds every Work waits at most, as gloo's; None: none
         self._hpcddp_name = self._hpcddp_desc = ""
         self.comm = comm
         self.cuda_aware = cuda_aware
@@ -128,7 +133,7 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
                                      what if call == "" else call)
 
     def _work(self, transfers, result, cls=Work):
-        return cls(transfers, result)
+        return cls(transfers, result, self.timeout)
 
     # -- collectives -----------------------------------------------------------------
     # AVG divides before the sum (torch's comm hooks do the same, against overflow), on
@@ -376,7 +381,17 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
         return self._work([transfer], list(tensors), RecvWork)
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
-        return self.allgather(output_lists, input_tensors, opts)
+        """torch's lists are by rank, then tensor (``allgather``'s are by tensor, then
+        rank): rank ``r``'s ``i``-th input lands in ``output_lists[r][i]``."""
+        size = self.comm.size
+        if len(output_lists) != size or any(len(o) != len(input_tensors) for o in output_lists):
+            raise ValueError(
+                f"all_gather_coalesced: output_tensor_lists must hold one list per rank "
+                f"({size}), each of one tensor per input ({len(input_tensors)}); got "
+                f"{len(output_lists)} lists of {[len(o) for o in output_lists]} tensors")
+        by_tensor = [[output_lists[r][i] for r in range(size)]
+                     for i in range(len(input_tensors))]
+        return self.allgather(by_tensor, input_tensors, opts)
 
     # torch >= 2.10 calls these names from Python; they are the "_base" collectives.
     all_gather_single = _allgather_base

@@ -1,13 +1,14 @@
 """``init()``, ``get_world()``, ``shutdown()``: the one owner of hpcddp's state in a process.
 
 ``init()`` creates the ``World`` (the library's private communicators, device and
-threads), initializes torch.distributed's default group on the ``"hpcddp"`` backend
-(``import hpcddp`` registered it: ``hpcddp.torch_init``), and installs the
-abort-on-error hook. Everything hpcddp opens on MPI afterwards (DDP wrappers, loaders,
-process groups, the progress thread) registers with ``hpcddp.comm.lifetime``; ``shutdown()`` closes it all, newest first, and frees the
+threads), exports torchrun's variables from MPI where unset (``hpcddp.env.torchrun``:
+``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` ...), initializes torch.distributed's default
+group on the ``"hpcddp"`` backend (``import hpcddp`` registered it: ``hpcddp.torch_init``),
+and installs the abort-on-error hook. Everything hpcddp opens on MPI afterwards (DDP
+wrappers, loaders, process groups, the progress thread) registers with
+``hpcddp.comm.lifetime``; ``shutdown()`` closes it all, newest first, and frees the
 world last. ``finalize()`` does the same and then finalizes MPI, for a process that
-must leave MPI before it exits (the preemption path).
-"""
+must leave MPI before it exits (the preemption path)."""
 
 import gc
 import os
@@ -16,8 +17,9 @@ from datetime import timedelta
 from typing import Optional, Union
 
 from hpcddp.comm.startup import start_mpi
-from hpcddp.env import get_setting, unknown_settings
+from hpcddp.env import ConfigError, get_setting, unknown_settings
 from hpcddp.env.config import LOADER_WORKER_VARIABLE
+from hpcddp.env.torchrun import disagreements, export, torchrun_values
 
 # MPI starts here, bounded by HPCDDP_TIMEOUT (a rank that never starts MPI would hold
 # the others in MPI_Init for good); the imports below would start it unbounded.
@@ -99,6 +101,11 @@ def init(comm=None, *, torch_group: Optional[bool] = None,
         world = World(comm, timeout=seconds)
     except MissingRanksError as error:
         abort_job(MPI.COMM_WORLD if comm is None else comm, str(error))
+    try:
+        world.torchrun_exported = _export_torchrun_variables(world)
+    except ConfigError:
+        world.close()
+        raise
     world.timeout = seconds
     world.watchdog = Watchdog(world.comm, seconds, get_setting("STALL_WARN"))
     if world.is_main:
@@ -123,6 +130,26 @@ def init(comm=None, *, torch_group: Optional[bool] = None,
     return _WORLD
 
 
+def _export_torchrun_variables(world: World):
+    """Give this process torchrun's variables from MPI (``hpcddp.env.torchrun``); return
+    the names set. A launcher's value that MPI contradicts is an error on every rank.
+
+    .. warning:: Collective over ``world.comm``.
+    """
+    values = torchrun_values(world.rank, world.size, world.local_rank, world.local_size,
+                             world.node_rank, world.num_nodes)
+    found = world.comm.allgather(disagreements(values, os.environ))
+    said = [f"rank {rank}: {'; '.join(wrong)}" for rank, wrong in enumerate(found) if wrong]
+    if said:
+        more = f" (and {len(said) - 3} more ranks)" if len(said) > 3 else ""
+        raise ConfigError(
+            f"hpcddp.init(): torchrun's variables disagree with MPI: {' | '.join(said[:3])}"
+            f"{more}. A framework reading them (Accelerate, Lightning, the Trainer) would "
+            f"train as another rank than MPI's. Unset them and hpcddp.init() sets them "
+            f"from MPI, or correct the launcher or script that set them")
+    return export(values, os.environ)
+
+
 def get_world() -> World:
     """Return the ``World`` of ``hpcddp.init()``, initializing on first use."""
     return _WORLD if _WORLD is not None else init()
@@ -144,7 +171,8 @@ def shutdown() -> None:
 
     DDP wrappers, loaders and process groups still open are closed (their
     communicators freed, MPI-IO files closed), torch.distributed's default group is
-    destroyed if it is hpcddp's, and the world's communicators are freed.
+    destroyed if it is hpcddp's, the world's communicators are freed, and the torchrun
+    variables ``init()`` exported are removed.
 
     .. warning:: Collective.
     """
@@ -155,6 +183,8 @@ def shutdown() -> None:
     destroy_default_group()
     uninstall_abort_hook()
     lifetime.close_all()
+    for name in getattr(_WORLD, "torchrun_exported", ()):  # a later init() may differ
+        os.environ.pop(name, None)
     _WORLD = None
 
 

@@ -69,28 +69,42 @@ def _seconds(timeout) -> Optional[float]:
 class Work(dist._Work):
     """The torch Work of an hpcddp collective: its transfers, and their future."""
 
-    def __init__(self, transfers: List[Transfer], result: List[torch.Tensor]):
+    def __init__(self, transfers: List[Transfer], result: List[torch.Tensor],
+                 group_timeout: Optional[float] = None):
         super().__init__()
         self._transfers = transfers
         self._result = result
+        self._group_timeout = group_timeout  # seconds; the process group's, as gloo's
         self._future: Optional[torch.futures.Future] = None
         self._settle = threading.Lock()
 
     def wait(self, timeout=timedelta(0)):
-        """Wait for every transfer; raise ``HandleTimeout`` naming the operation after
-        ``timeout`` (zero: no limit)."""
+        """Wait for every transfer, for at most ``timeout`` (zero: the process group's
+        timeout, as gloo's; none where the group has none).
+
+        Raises:
+            HandleTimeout: ``timeout`` ran out; it names the operation.
+            torch.distributed.DistBackendError: the group's timeout ran out (what gloo
+                raises; a blocking collective such as ``dist.barrier`` raises it too).
+        """
         seconds = _seconds(timeout)
+        whose = "work.wait(timeout=...)"
+        if seconds is None and self._group_timeout:
+            seconds, whose = self._group_timeout, "the process group's timeout"
         deadline = None if seconds is None else time.monotonic() + seconds
         for transfer in self._transfers:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 transfer.wait(left)
             except HandleTimeout:
-                raise HandleTimeout(
+                message = (
                     f"hpcddp: {transfer.name} did not complete within {seconds:g} s "
-                    f"(work.wait(timeout=...)): a rank taking part has not reached it yet. "
-                    f"It stays pending (MPI cannot cancel a collective); wait again, or end "
-                    f"the job") from None
+                    f"({whose}): Timed out waiting for a rank taking part, which has not "
+                    f"reached it. It stays pending (MPI cannot cancel a collective); wait "
+                    f"again, or end the job")
+                if whose == "work.wait(timeout=...)":
+                    raise HandleTimeout(message) from None
+                raise dist.DistBackendError(message) from None
         self._resolve(None)
         return True
 

@@ -22,6 +22,7 @@ from hpcddp.comm.ranks import by_value, ranks_text
 from hpcddp.comm.threads import thread_level_name
 from hpcddp.comm.topology import clone_comm, forget_segment_names, node_layout
 from hpcddp.env import ConfigError, check_not_singleton, detect_launcher, get_setting
+from hpcddp.env.threads import choose_threads, torch_default
 
 __all__ = ["World", "device_index", "device_self_test"]
 
@@ -150,8 +151,10 @@ class World(Closable):
         self.hostname = socket.gethostname()
         self.launcher = detect_launcher().describe()
         self.device = _bind_device(self.local_comm)
-        self.num_threads = _check_threads(self.comm, get_setting("NUM_THREADS")) or \
-            _cpus_for_rank(self.local_comm)
+        cores = _cpus_for_rank(self.local_comm)
+        self.num_threads, self.threads_reason = choose_threads(
+            _check_threads(self.comm, get_setting("NUM_THREADS")), os.environ,
+            torch.get_num_threads(), torch_default(), cores)
         torch.set_num_threads(self.num_threads)
         self.thread_level = thread_level_name()
         override = get_setting("CUDA_AWARE")

@@ -5,10 +5,13 @@ worker's helper) inherits them, and an MPI library that finds them tries to join
 job as one of its ranks. ``clean_environment`` drops exactly those and keeps the rest,
 the user's and the site's MPI settings above all (``OMPI_MCA_plm=isolated``,
 ``MV2_USE_CUDA=1``, ``MPICH_GPU_SUPPORT_ENABLED=1``): without them a new process would
-run another MPI set-up than the job's.
+run another MPI set-up than the job's. torchrun's variables, which ``init()`` exports for
+its rank (``hpcddp.env.torchrun``), are dropped too.
 """
 
 from typing import Dict, Mapping
+
+from hpcddp.env.torchrun import TORCHRUN_VARIABLES
 
 __all__ = ["clean_environment", "in_job"]
 
@@ -23,6 +26,8 @@ _JOB_MCA = ("orte_", "ess", "pmix", "prte", "initial_wdir", "shmem_RUNTIME", "rm
 
 def in_job(name: str) -> bool:
     """Whether the variable ``name`` ties a process to the launcher's job."""
+    if name in TORCHRUN_VARIABLES:  # init() exported them for this rank alone
+        return True
     if name.startswith("PMIX_MCA_"):
         return False
     if name.startswith("OMPI_MCA_"):

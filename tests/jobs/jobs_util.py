@@ -27,9 +27,14 @@ class Finished:
 
 
 def clean_env(extra):
-    """This environment without another launcher's job variables, plus ``extra``."""
+    """This environment without another launcher's job variables, plus ``extra`` (a
+    value of None removes the variable)."""
     env = clean_environment(os.environ)
-    env.update(extra or {})
+    for name, value in (extra or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     return env
 
 

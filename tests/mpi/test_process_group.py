@@ -1,5 +1,8 @@
 """The MPI-backed torch.distributed group against gloo, run in the same job."""
 
+import time
+from datetime import timedelta
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -94,6 +97,29 @@ def test_all_gather_list_and_into_tensor_match_gloo(world, gloo):
     flat = torch.empty((world.size * 3, 2))
     dist.all_gather_into_tensor(flat, mine)
     assert torch.equal(flat, torch.cat(theirs))
+
+
+@pytest.mark.parametrize("shapes", [[(3, 2), (4,), (1, 1, 5)], [(2,), (0,), (3,)]],
+                         ids=["mixed", "with_empty"])
+def test_all_gather_coalesced_matches_gloo(world, gloo, shapes):
+    # torch's lists are by rank, then tensor: rank r's i-th input in outputs[r][i].
+    inputs = [_data(world, shape=shape, salt=i) for i, shape in enumerate(shapes)]
+    ours = [[torch.full_like(t, -1.0) for t in inputs] for _ in range(world.size)]
+    theirs = [[torch.full_like(t, -1.0) for t in inputs] for _ in range(world.size)]
+    dist.all_gather_coalesced(ours, inputs)
+    gloo.allgather_coalesced(theirs, inputs).wait()
+    everyone = MPI.COMM_WORLD.allgather([t.numpy() for t in inputs])
+    for rank in range(world.size):
+        for i in range(len(shapes)):
+            assert torch.equal(ours[rank][i], theirs[rank][i]), (rank, i)
+            assert torch.equal(ours[rank][i], torch.from_numpy(everyone[rank][i])), (rank, i)
+
+
+def test_all_gather_coalesced_with_lists_of_the_wrong_shape_is_refused(world):
+    inputs = [torch.ones(2), torch.ones(3)]
+    wrong = [[torch.empty(2), torch.empty(3)] for _ in range(world.size + 1)]
+    with pytest.raises(ValueError, match=f"one list per rank \\({world.size}\\)"):
+        dist.all_gather_coalesced(wrong, inputs)
 
 
 def test_all_gather_non_contiguous_output(world):
@@ -268,3 +294,23 @@ def test_wait_with_a_timeout_names_the_operation(world):
     work.wait() if world.rank in (0, 1) else dist.broadcast(t, src=1)
     if world.rank == 0:
         assert torch.all(t == 5)
+
+
+def test_a_groups_timeout_ends_a_wait_as_gloos_does(world):
+    # Rank 0 alone enters a barrier on a group with a 1 s timeout: its wait raises
+    # DistBackendError (what gloo raises) after 1 s, and the barrier stays pending until
+    # the others enter it; the job is not ended.
+    group = dist.new_group(timeout=timedelta(seconds=1))
+    if world.rank == 0:
+        began = time.monotonic()
+        work = dist.barrier(group, async_op=True)
+        with pytest.raises(dist.DistBackendError,
+                           match=r"within 1 s \(the process group's timeout\): Timed out "):
+            work.wait()
+        assert time.monotonic() - began >= 1.0
+    MPI.COMM_WORLD.Barrier()
+    if world.rank == 0:
+        work.wait(timeout=timedelta(seconds=60))  # the others' barrier completes it
+    else:
+        dist.barrier(group)
+    dist.destroy_process_group(group)

@@ -1,0 +1,48 @@
+"""The fault soak's short version (``benchmarks/bench_faults.py``, one run per kind at
+``MPI_THREAD_SERIALIZED``): on 2 emulated nodes x 2 ranks training with no pause, each
+fault lands at a random moment, and each run must end as the soak's target says: no hang,
+no crash, a line naming the node or rank where any rank lives to say it, within
+HPCDDP_TIMEOUT + 30 s, nothing of MPICH's left in /dev/shm, no rank left running (but on
+a frozen node, whose stopped processes nothing can end), and a resume that reaches the
+parameters of an uninterrupted run. The soak builds and removes its own cluster."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcddp.emulated import EmulatedCluster
+from hpcddp.emulated.network import check_can_build
+
+ROOT = Path(__file__).resolve().parents[2]
+KINDS = ("ranks_killed", "link_down", "frozen", "stuck", "slow")
+
+
+def test_each_fault_kind_once_at_serialized(tmp_path):
+    why = check_can_build()
+    if why:
+        pytest.skip(f"no emulated cluster here: {why}")
+    out = tmp_path / "soak.json"
+    try:
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks/bench_faults.py"), "--layout", "2x2",
+             "--runs", "1", "--kinds", ",".join(KINDS), "--level", "serialized",
+             "--out", str(out)],
+            cwd=ROOT, capture_output=True, text=True, timeout=900)
+    finally:
+        EmulatedCluster.down_by_name("hdsoak")  # if the soak was killed before its own
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    for kind in KINDS:
+        row = result["table"][kind]
+        runs = [r for r in result["runs"] if r["kind"] == kind]
+        assert row["runs"] == 1, (kind, runs)
+        assert row["hangs"] == 0 and row["crashes"] == 0, (kind, runs)
+        assert row["ends_without_naming"] == 0, (kind, runs)
+        assert row["ended_within_timeout_plus_30"] == 1, (kind, runs)
+        assert row["shm_segments_left"] == 0, (kind, runs)
+        assert row["identical"] == 1, (kind, runs)
+        if kind != "frozen":
+            assert row["ranks_left"] == 0, (kind, runs)
