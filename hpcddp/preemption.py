@@ -111,15 +111,17 @@ class Preemption:
                       "run the same command to resume", flush=True)
             sys.exit(130)
         job = _slurm_job_id() if rank == 0 else None
+        if rank == 0:
+            # Said before the requeue: Slurm ends the step as soon as the job is requeued,
+            # and a line printed after it may never reach the log.
+            print("hpcddp: preempted; " + (f"requeueing Slurm job {job}" if job else
+                                            "not under Slurm, exiting"), flush=True)
         if job:
             done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
             if done.returncode != 0:
                 print(f"hpcddp: preempted, but scontrol requeue {job} failed: "
                       f"{done.stderr.strip()}", flush=True)
                 sys.exit(1)
-        if rank == 0:
-            print("hpcddp: preempted; " + (f"requeued Slurm job {job}" if job else
-                                            "not under Slurm, exiting"), flush=True)
         sys.exit(code)
 
     def close(self) -> None:

@@ -57,7 +57,7 @@ def test_preemption_requeues_once_and_resumes_identically(slurm_nodes, submit, t
     assert info["Restarts"] == "1"
     for rank in range(4):  # ranks 2 and 3 sit on the other node
         assert f"rank {rank}: preemption requested" in text, text[-3000:]
-    assert text.count("hpcddp: preempted; requeued Slurm job") == 1
+    assert text.count("hpcddp: preempted; requeueing Slurm job") == 1
     assert re.search(r"resumed from .* \(Slurm restart 1\): continuing at epoch", text)
 
     reference, ref_log = submit("--run-dir", tmp_path / "uninterrupted", *epochs,

@@ -41,7 +41,7 @@ def test_preemption_checkpoints_requeues_once_and_resumes_identically(slurm, sub
     assert "batch shell got SIGUSR1, forwarding it to the ranks" in text
     for rank in (0, 1):
         assert f"rank {rank}: preemption requested (signal received here: True)" in text
-    assert text.count("hpcddp: preempted; requeued Slurm job") == 1
+    assert text.count("hpcddp: preempted; requeueing Slurm job") == 1
     assert re.search(r"checkpointed at epoch \d+ step \d+", text)
     assert re.search(r"resumed from .* \(Slurm restart 1\): continuing at epoch", text)
 
