@@ -88,9 +88,10 @@ class Work(dist._Work):
                 raises; a blocking collective such as ``dist.barrier`` raises it too).
         """
         seconds = _seconds(timeout)
-        whose = "work.wait(timeout=...)"
-        if seconds is None and self._group_timeout:
-            seconds, whose = self._group_timeout, "the process group's timeout"
+        groups = seconds is None and bool(self._group_timeout)
+        if groups:
+            seconds = self._group_timeout
+        whose = "the process group's timeout" if groups else "work.wait(timeout=...)"
         deadline = None if seconds is None else time.monotonic() + seconds
         for transfer in self._transfers:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -102,9 +103,9 @@ class Work(dist._Work):
                     f"({whose}): Timed out waiting for a rank taking part, which has not "
                     f"reached it. It stays pending (MPI cannot cancel a collective); wait "
                     f"again, or end the job")
-                if whose == "work.wait(timeout=...)":
-                    raise HandleTimeout(message) from None
-                raise dist.DistBackendError(message) from None
+                if groups:
+                    raise dist.DistBackendError(message) from None
+                raise HandleTimeout(message) from None
         self._resolve(None)
         return True
 
