@@ -63,7 +63,8 @@ test-slurm: venv
 # The DDP and torch.distributed tests run again with hpcddp's ring instead of MPI's
 # Iallreduce (HPCDDP_REDUCE=ring), against the same independent references.
 RING_TESTS := tests/mpi/test_ring.py tests/mpi/test_ddp_vs_single.py tests/mpi/test_ddp_vs_torch.py \
-              tests/mpi/test_ddp_behaviour.py tests/mpi/test_process_group.py tests/mpi/test_checkpoint.py
+              tests/mpi/test_ddp_behaviour.py tests/mpi/test_process_group.py tests/mpi/test_checkpoint.py \
+              tests/mpi/test_join.py tests/mpi/test_memory_use.py
 
 test-mpi: venv
 	$(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m pytest -p hpcddp.testing tests/mpi

@@ -13,7 +13,9 @@
 #    mode, HPCDDP_REDUCE=mpi, ring, staged and auto: DDP against single-process training
 #    and torch's DDP, SyncBatchNorm, comm hooks, sparse gradients, the backend;
 # 4. bench_ddp --device cuda: the bare step, hpcddp in each mode and torch's DDP on gloo,
-#    2 ranks sharing the GPU, in one job per mode.
+#    2 ranks sharing the GPU, in one job per mode; bench_memory --device cuda: the memory
+#    DDP (with and without gradient_as_bucket_view) and a checkpoint load add, against
+#    torch's.
 #
 # A failed step is recorded and the next one runs; $OUT/summary.txt lists every step
 # with its status and seconds, and the exit status is the number of failed steps.
@@ -165,6 +167,12 @@ bench() {  # bench MODE MODELS
   return 0
 }
 bench auto mlp,mlp_b1024,toy_cifar
+
+# -- 3b. the memory DDP adds on the GPU, and a checkpoint load's, against torch's ----------
+step memory gpu 300 "$PY" benchmarks/bench_memory.py --device cuda --launcher "${MPIRUN[*]} -n" \
+  --out "$OUT/memory_cuda.json"
+[ "$REHEARSAL" = 1 ] && step host_memory any 300 "$PY" benchmarks/bench_memory.py \
+  --launcher "${MPIRUN[*]} -n" --out "$OUT/host_memory.json"
 
 # -- 4. the CUDA tests in every mode, side by side -------------------------------------------
 CUDA_TESTS=(tests/mpi/test_ddp_vs_single.py tests/mpi/test_ddp_vs_torch.py

@@ -9,7 +9,7 @@ from mpi4py import MPI
 from torch import nn
 
 from hpcddp.checkpoint import store
-from hpcddp.checkpoint.delivery import deliver
+from hpcddp.checkpoint.delivery import FileMappings, deliver
 from hpcddp.checkpoint.hook_state import capture_hook_state, restore_hook_state
 from hpcddp.checkpoint.rng import capture_rng, reseed_rng, restore_rng
 from hpcddp.comm import activity
@@ -201,14 +201,17 @@ def _receive_verified(comm, directory, device, allow_damaged=False):
                        f"the manifest", skipped)
 
 
-def _private(obj):
-    """``obj`` with every tensor in it cloned (dicts, lists and tuples followed)."""
+def _private(obj, copied=lambda tensor: None):
+    """``obj`` with every tensor in it cloned (dicts, lists and tuples followed);
+    ``copied(tensor)`` is called after each tensor's clone is made."""
     if isinstance(obj, torch.Tensor):
-        return obj.clone()
+        clone = obj.clone()
+        copied(obj)
+        return clone
     if isinstance(obj, dict):
-        return type(obj)((k, _private(v)) for k, v in obj.items())
+        return type(obj)((k, _private(v, copied)) for k, v in obj.items())
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_private(v) for v in obj)
+        return type(obj)(_private(v, copied) for v in obj)
     return obj
 
 
@@ -291,10 +294,13 @@ def load(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
     if found is None:
         return None
     path, state = found
+    mapped = FileMappings()
     load_model_state(model, state["model"])  # copied into the model's own storage
+    mapped.let_go(state["model"])
     # The rest is kept as loaded (optimizer moments, extra): off the mapped file, into
-    # private memory now, rather than copied a page at a time on its first write.
-    state = {key: value if key == "model" else _private(value)
+    # private memory now, rather than copied a page at a time on its first write; each
+    # tensor's mapped pages are given back once it is copied.
+    state = {key: value if key == "model" else _private(value, mapped.let_go)
              for key, value in state.items()}
     for obj, key in ((optimizer, "optimizer"), (scheduler, "scheduler"), (scaler, "scaler"),
                      (loader, "loader")):

@@ -9,16 +9,17 @@ tensors straight from the mapping. Where a rank cannot open another's descriptor
 ``/proc``, a ``hidepid`` mount), its node's lowest rank broadcasts the bytes to it too.
 """
 
+import ctypes
 import io
 import mmap
 import os
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
-__all__ = ["Delivered", "deliver"]
+__all__ = ["Delivered", "FileMappings", "deliver"]
 
 _HAS_MEMFD = hasattr(os, "memfd_create")
 
@@ -135,3 +136,52 @@ def deliver(comm, opened, state_path: str, size: int, node=None) -> Delivered:
             node.Free()
         if lowest != MPI.COMM_NULL:
             lowest.Free()
+
+
+class FileMappings:
+    """This process's file-backed mappings (``/proc/self/maps``, read once), to give back
+    the pages of tensors ``torch.load(mmap=True)`` took from a map, once they are copied.
+
+    A loaded checkpoint is touched twice: the model is copied into its parameters and the
+    rest into private memory. Each page read stays in the process's resident memory for
+    as long as the map lives; given back as soon as its tensor is copied, the load's peak
+    is the copies plus one tensor, not the copies plus the whole file. Giving back a page
+    of a file map that was never written loses nothing: a later read maps it again.
+    """
+
+    def __init__(self):
+        self._ranges: List[Tuple[int, int]] = []
+        try:
+            with open("/proc/self/maps") as maps:
+                for line in maps:
+                    fields = line.split(maxsplit=5)
+                    if len(fields) == 6 and fields[5].startswith("/"):
+                        start, end = fields[0].split("-")
+                        self._ranges.append((int(start, 16), int(end, 16)))
+        except OSError:
+            pass  # no /proc: nothing is given back
+        self._madvise = ctypes.CDLL(None, use_errno=True).madvise if self._ranges else None
+
+    def let_go(self, obj) -> None:
+        """Give back the whole pages of every CPU tensor in ``obj`` (dicts, lists and
+        tuples followed) that lie in a file map; other tensors are left alone."""
+        if isinstance(obj, torch.Tensor):
+            self._let_go(obj)
+        elif isinstance(obj, dict):
+            for value in obj.values():
+                self.let_go(value)
+        elif isinstance(obj, (list, tuple)):
+            for value in obj:
+                self.let_go(value)
+
+    def _let_go(self, tensor: torch.Tensor) -> None:
+        if tensor.device.type != "cpu" or self._madvise is None:
+            return
+        storage = tensor.untyped_storage()
+        start, size = storage.data_ptr(), storage.nbytes()
+        first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+        last = (start + size) // mmap.PAGESIZE * mmap.PAGESIZE
+        if last <= first or not any(a <= first and last <= b for a, b in self._ranges):
+            return
+        self._madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first),
+                      mmap.MADV_DONTNEED)

@@ -30,6 +30,7 @@ import contextlib
 import functools
 import itertools
 import threading
+import weakref
 from array import array
 from typing import Any, Callable, List, Optional, Sequence
 
@@ -37,8 +38,8 @@ from mpi4py import MPI
 
 from hpcddp.comm.backoff import Backoff
 
-__all__ = ["LOCK", "SerialComm", "SerialRequest", "backoff", "held", "mpi_lock", "poll",
-           "serialize", "wait", "wait_all"]
+__all__ = ["LOCK", "SerialComm", "SerialRequest", "backoff", "held", "keep_moving", "mpi_lock",
+           "poll", "serialize", "wait", "wait_all"]
 
 LOCK = threading.RLock()
 mpi_lock = LOCK  # its public name: ``with hpcddp.mpi_lock: comm.Iprobe()``
@@ -68,15 +69,40 @@ def held(seconds: float):
             LOCK.release()
 
 
-def poll(done: Callable[[], Any]) -> Any:
+_MOVING = weakref.WeakSet()  # objects whose nudge() the waits below call
+
+
+def keep_moving(obj) -> None:
+    """Have ``obj.nudge()`` called between the polls of every blocking collective and
+    request wait on hpcddp's communicators, for as long as ``obj`` lives.
+
+    Some operations move only when Python calls them: hpcddp's ring and node-aware
+    allreduce post each step's messages once the last step's have arrived. A rank
+    blocked in another wait (the end-of-backward agreement, say) would leave them
+    standing, and the other ranks' part of that wait may be behind them (a ``Join``
+    notice of three ranks ahead of a joined rank's shadow backward did exactly that).
+    ``nudge`` must never block and never wait.
+    """
+    _MOVING.add(obj)
+
+
+def _nudge_all() -> None:
+    for obj in list(_MOVING):
+        obj.nudge()
+
+
+def poll(done: Callable[[], Any], nudge: bool = False) -> Any:
     """Call ``done`` until it returns something true, and return that: every wait for
     MPI in hpcddp. ``done`` takes ``LOCK`` for its MPI calls; between calls nothing is
-    held and the pauses are ``backoff()``'s."""
+    held and the pauses are ``backoff()``'s. With ``nudge``, the objects given to
+    ``keep_moving`` are nudged between polls (not for a wait inside one of them)."""
     polls = backoff()
     while True:
         result = done()
         if result:
             return result
+        if nudge:
+            _nudge_all()
         polls.pause()
 
 
@@ -85,9 +111,10 @@ def _under_lock(call, *args):
         return call(*args)
 
 
-def wait(request: "MPI.Request", status: Optional["MPI.Status"] = None) -> None:
+def wait(request: "MPI.Request", status: Optional["MPI.Status"] = None,
+         nudge: bool = False) -> None:
     """Complete ``request``, testing it under ``LOCK`` and letting go of it between polls."""
-    poll(functools.partial(_under_lock, MPI.Request.Test, request, status))
+    poll(functools.partial(_under_lock, MPI.Request.Test, request, status), nudge)
 
 
 def wait_all(requests: Sequence["MPI.Request"], statuses=None) -> None:
@@ -129,7 +156,7 @@ def _polled(name, nonblocking):
     def method(self, *args, **kwargs):
         with LOCK:
             request = nonblocking(self, *args, **kwargs)
-        wait(request)
+        wait(request, nudge=True)
     method.__name__ = method.__qualname__ = name
     return method
 
@@ -162,7 +189,7 @@ def _polled_call(nonblocking, *args, **kwargs) -> None:
     """Start a nonblocking operation under ``LOCK`` and wait for it as ``wait`` does."""
     with LOCK:
         request = nonblocking(*args, **kwargs)
-    wait(request)
+    wait(request, nudge=True)
 
 
 def _offsets(sizes) -> List[int]:
@@ -249,13 +276,13 @@ class _Pickled:
     def Dup(self, info=None):  # noqa: N802 - MPI's name
         with LOCK:
             comm, request = MPI.Intracomm.Idup(self, info)
-        wait(request)
+        wait(request, nudge=True)
         return _wrap(comm)
 
     def send(self, obj, dest: int, tag: int = 0) -> None:
         with LOCK:
             request = MPI.Intracomm.isend(self, obj, dest=dest, tag=tag)
-        wait(request)
+        wait(request, nudge=True)
 
     def recv(self, buf=None, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG,
              status: Optional["MPI.Status"] = None):
@@ -308,14 +335,14 @@ class SerialRequest(MPI.Request):
     locals().update(_serial_class(MPI.Request))
 
     def Wait(self, status: Optional["MPI.Status"] = None) -> bool:  # noqa: N802 - MPI's name
-        wait(self, status)
+        wait(self, status, nudge=True)
         return True
 
     def wait(self, status: Optional["MPI.Status"] = None):
         def received():
             done, message = _under_lock(MPI.Request.test, self, status)
             return (message,) if done else None
-        return poll(received)[0]
+        return poll(received, nudge=True)[0]
 
 
 def serialize(comm: "MPI.Intracomm") -> "SerialComm":

@@ -121,6 +121,10 @@ class Reducer:
                                                 [position[i] for i in order if i in position],
                                                 self.cap_bytes, self.first_cap_bytes,
                                                 self.solo_bytes)]
+        # The old buckets go first, as in torch's reducer: kept until the new ones exist,
+        # a rebuild (after the first iteration) would hold the gradients' size twice. A
+        # .grad that views an old bucket keeps its part alive until copied over below.
+        self.buckets = []
         self.buckets = [GradBucket(b, len(layouts), layout, self.params)
                         for b, layout in enumerate(layouts)]
         self._where = {}

@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 from hpcddp.comm.ops import mpi_op
 from hpcddp.transport.node_aware import NodeAwareAllreduce
-from hpcddp.transport.ring import Ring
+from hpcddp.transport.ring import Ring, ScratchPool
 
 __all__ = ["MPIAllreduce", "NodeAwareAllreduce", "Reduction", "RingAllreduce", "REDUCTIONS"]
 
@@ -64,7 +64,7 @@ class RingAllreduce(Reduction):
         top = comm.Get_attr(MPI.TAG_UB) or 32767
         self._first_tag = max(0, top - _TAGS)
         self._next = 0
-        self._scratch: Dict[object, torch.Tensor] = {}
+        self._pools: Dict[object, ScratchPool] = {}  # per dtype and device
 
     def _tag(self, count: int) -> int:
         # Every rank starts rings in the same order, so the same ring gets the same tags.
@@ -73,23 +73,18 @@ class RingAllreduce(Reduction):
         tag, self._next = self._first_tag + self._next, self._next + count
         return tag
 
-    def _scratch_for(self, data: torch.Tensor, slot) -> torch.Tensor:
-        """Scratch space per slot, allocated once and only grown (a slot's rings run one
-        at a time); one-off rings get their own."""
-        need = Ring.scratch_elements(data.numel(), self.comm.size, self.slice_bytes,
-                                     data.element_size())
-        key = (slot, data.dtype, data.device)
-        held = self._scratch.get(key) if slot is not None else None
-        if held is None or held.numel() < need:
-            held = torch.empty(need, dtype=data.dtype, device=data.device)
-            if slot is not None:
-                self._scratch[key] = held
-        return held
+    def _pool_for(self, data: torch.Tensor) -> ScratchPool:
+        key = (data.dtype, data.device)
+        pool = self._pools.get(key)
+        if pool is None:
+            chunk = Ring.chunk_elements(self.comm.size, self.slice_bytes, data.element_size())
+            pool = self._pools[key] = ScratchPool(chunk, data.dtype, data.device)
+        return pool
 
     def start(self, binding, op, slot=None):
         data = binding.memory.reshape(-1)
         tag = self._tag(Ring.slice_count(data.numel(), self.slice_bytes, data.element_size()))
-        ring = Ring(self.comm, data, op, tag, self._scratch_for(data, slot), self.slice_bytes,
+        ring = Ring(self.comm, data, op, tag, self._pool_for(data), self.slice_bytes,
                     self.cuda)
         ring.Test()  # the first messages go out now
         return ring

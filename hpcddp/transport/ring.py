@@ -7,7 +7,8 @@ allgather, each of ``size - 1`` steps in which every rank sends one chunk (1/siz
 the data) to its right neighbour and receives one from its left, so each rank sends
 ``2 (size - 1) / size`` of the data in all. A buffer is cut into slices of at most
 ``slice_bytes``, each with a ring and a tag of its own, so the sums of one slice overlap
-the messages of the others.
+the messages of the others; the slices of all rings share ``POOL_CHUNKS`` chunks of
+scratch (``ScratchPool``).
 
 On a GPU the sums run on the stream that was current when the ring started (after the
 producer's event, which the transport waited for), and a reduced chunk is sent on only
@@ -16,7 +17,8 @@ MPI request: ``Test()`` moves every slice as far as it can without blocking, ``W
 blocks.
 """
 
-from typing import List, Optional
+from collections import deque
+from typing import Deque, List, Optional
 
 import numpy as np
 import torch
@@ -25,7 +27,12 @@ from mpi4py import MPI
 from hpcddp.comm import serial
 from hpcddp.transport.routes import alias_array, slice_bounds
 
-__all__ = ["Ring", "ring_bounds"]
+__all__ = ["POOL_CHUNKS", "Ring", "ScratchPool", "ring_bounds"]
+
+# Slices in flight at once over all the rings of a communicator (per dtype and device):
+# each holds one chunk of scratch (1/size of a slice). Scratch of every slice of every
+# bucket in flight held 1/size of the gradients: half of them at two ranks.
+POOL_CHUNKS = 16
 
 
 def _combine(op: str, dtype: torch.dtype):
@@ -65,10 +72,24 @@ def _wire(tensor: torch.Tensor):
                                                                          device=tensor.device)
 
 
+class _Circle:
+    """What every slice of one ring shares: the communicator, the neighbours, the sum and
+    the sums' stream. The slices hold this, not their ``Ring``: a slice pointing back at
+    the ring that lists it would be a reference cycle, keeping the bucket and its scratch
+    alive until Python's cyclic collector ran."""
+
+    __slots__ = ("comm", "cuda", "size", "rank", "left", "right", "combine", "stream")
+
+    def __init__(self, comm, cuda, combine, stream):
+        self.comm, self.cuda, self.combine, self.stream = comm, cuda, combine, stream
+        self.size, self.rank = comm.size, comm.rank
+        self.left, self.right = (self.rank - 1) % self.size, (self.rank + 1) % self.size
+
+
 class _SliceRing:
     """The ring of one slice: 2 (size - 1) steps, each a receive, a send and maybe a sum."""
 
-    def __init__(self, ring: "Ring", data: torch.Tensor, scratch: torch.Tensor, tag: int):
+    def __init__(self, ring: _Circle, data: torch.Tensor, scratch: torch.Tensor, tag: int):
         self.ring, self.data, self.scratch, self.tag = ring, data, scratch, tag
         self.chunks = [data[a:b] for a, b in ring_bounds(data.numel(), ring.size)]
         self.step = 0
@@ -134,6 +155,58 @@ class _SliceRing:
         return True
 
 
+class ScratchPool:
+    """Scratch shared by the rings of one communicator, dtype and device: at most
+    ``chunks`` chunks of ``chunk`` elements, whatever the model's size.
+
+    A slice runs while it holds a chunk (received chunks land there before they are
+    summed) and gives it back when done. Chunks go to the rings in the order the rings
+    started, the slices of each in order, and every rank starts rings in the same order
+    with the same number of chunks: so on every rank the slices started are the first
+    ones of one common order, the earliest slice not done on a rank runs there, and it
+    runs on every rank where it is not done. It can always finish; no cycle of ranks
+    waiting for each other's chunks can form.
+    """
+
+    def __init__(self, chunk: int, dtype: torch.dtype, device, chunks: int = POOL_CHUNKS):
+        self.chunk, self.dtype, self.device, self.chunks = chunk, dtype, device, chunks
+        self._free: List[torch.Tensor] = []
+        self._made = 0
+        self._queue: Deque["Ring"] = deque()  # rings with slices waiting, oldest first
+
+    @property
+    def made(self) -> int:
+        """Chunks made so far (never more than ``chunks``)."""
+        return self._made
+
+    def line_up(self, ring: "Ring") -> None:
+        self._queue.append(ring)
+        self._serve()
+
+    def give_back(self, chunk: torch.Tensor) -> None:
+        self._free.append(chunk)
+        self._serve()
+
+    def _take(self) -> Optional[torch.Tensor]:
+        if self._free:
+            return self._free.pop()
+        if self._made < self.chunks:
+            self._made += 1
+            return torch.empty(self.chunk, dtype=self.dtype, device=self.device)
+        return None
+
+    def _serve(self) -> None:
+        while self._queue:
+            ring = self._queue[0]
+            if not ring.waiting:
+                self._queue.popleft()
+                continue
+            chunk = self._take()
+            if chunk is None:
+                return
+            ring.start_next(chunk)
+
+
 class Ring:
     """One allreduce of ``data`` in place over ``comm``, as a request.
 
@@ -143,23 +216,40 @@ class Ring:
         op: sum, product, min, max, band, bor or bxor.
         tag: the first of ``Ring.slice_count(...)`` tags no other message on ``comm`` uses
             now.
-        scratch: a tensor like ``data`` of at least one chunk per slice; received
-            chunks land here before they are combined.
+        pool: the ``ScratchPool`` of ``comm`` for ``data``'s dtype and device, its chunk
+            ``Ring.chunk_elements(...)`` elements.
         slice_bytes: the size of each slice's ring.
         cuda: the CUDA API, for the sums' stream and events on a GPU.
     """
 
-    def __init__(self, comm, data: torch.Tensor, op: str, tag: int, scratch: torch.Tensor,
+    def __init__(self, comm, data: torch.Tensor, op: str, tag: int, pool: ScratchPool,
                  slice_bytes: int, cuda=torch.cuda):
-        self.comm, self.cuda = comm, cuda
-        self.size, self.rank = comm.size, comm.rank
-        self.left, self.right = (self.rank - 1) % self.size, (self.rank + 1) % self.size
-        self.combine = _combine(op, data.dtype)
-        self.stream = cuda.current_stream(data.device) if data.is_cuda else None
-        chunk = self.chunk_elements(self.size, slice_bytes, data.element_size())
+        self.circle = _Circle(comm, cuda, _combine(op, data.dtype),
+                              cuda.current_stream(data.device) if data.is_cuda else None)
         parts = slice_bounds(data.numel(), data.element_size(), slice_bytes)
-        self.slices = [_SliceRing(self, data[a:b], scratch[k * chunk:(k + 1) * chunk], tag + k)
-                       for k, (a, b) in enumerate(parts)]
+        self.waiting = deque((data[a:b], tag + k) for k, (a, b) in enumerate(parts))
+        self._running: List[_SliceRing] = []  # in slice order
+        self._pool = pool
+        pool.line_up(self)
+
+    def start_next(self, chunk: torch.Tensor) -> None:
+        """Start the next waiting slice with ``chunk`` as its scratch (the pool's call)."""
+        part, tag = self.waiting.popleft()
+        self._running.append(_SliceRing(self.circle, part, chunk, tag))
+
+    def _retire(self, ring: _SliceRing) -> None:
+        """A slice is done (on a GPU its sums too): its chunk goes back to the pool."""
+        self._running.remove(ring)
+        self._pool.give_back(ring.scratch)
+
+    @property
+    def stream(self):
+        """The stream the sums run on (None for host data)."""
+        return self.circle.stream
+
+    @stream.setter
+    def stream(self, stream) -> None:
+        self.circle.stream = stream
 
     @staticmethod
     def chunk_elements(size: int, slice_bytes: int, element_size: int) -> int:
@@ -171,17 +261,19 @@ class Ring:
         """How many slices (and tags) a ring of ``numel`` elements has."""
         return len(slice_bounds(numel, element_size, slice_bytes))
 
-    @staticmethod
-    def scratch_elements(numel: int, size: int, slice_bytes: int, element_size: int) -> int:
-        """How many elements of scratch a ring of ``numel`` elements needs."""
-        return (Ring.slice_count(numel, slice_bytes, element_size)
-                * Ring.chunk_elements(size, slice_bytes, element_size))
-
     def Test(self) -> bool:  # noqa: N802 - the name of MPI's request method
         """Advance without blocking; True once every slice is done."""
-        return all([ring.advance(block=False) for ring in self.slices])
+        progressed = True
+        while progressed:  # a slice that ends lets the next one start at once
+            progressed = False
+            for ring in list(self._running):
+                if ring.advance(block=False):
+                    self._retire(ring)
+                    progressed = True
+        return not (self._running or self.waiting)
 
     def Wait(self) -> None:  # noqa: N802
-        """Block until every slice is done."""
-        for ring in self.slices:
-            ring.advance(block=True)
+        """Block until every slice is done: ``Test`` until it is (the slices of older
+        rings, which may hold the chunks this one waits for, move only in their own
+        ``Test``, which the transport calls)."""
+        serial.poll(self.Test)

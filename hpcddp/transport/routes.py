@@ -8,7 +8,6 @@ the stream that produced it, and MPI sees it only once that event has completed.
 route waits for that event, never for the whole device, so later work goes on.
 """
 
-import ctypes
 from typing import Callable, List, Optional
 
 import numpy as np
@@ -47,8 +46,20 @@ def alias_array(tensor: torch.Tensor, dtype=None) -> np.ndarray:
     nbytes = tensor.numel() * tensor.element_size()
     if nbytes == 0:
         return np.empty(0, dtype=dtype)
-    raw = (ctypes.c_uint8 * nbytes).from_address(tensor.data_ptr())
-    return np.frombuffer(raw, dtype=dtype)
+    dtype = np.dtype(dtype)
+    return np.asarray(_Memory(tensor.data_ptr(), nbytes // dtype.itemsize, dtype.str))
+
+
+class _Memory:
+    """Memory at an address, as NumPy's array interface describes it (writable). A ctypes
+    array over it would make a new ctypes type per size, and each type is a reference
+    cycle left for Python's cyclic collector."""
+
+    __slots__ = ("__array_interface__",)
+
+    def __init__(self, address: int, count: int, typestr: str):
+        self.__array_interface__ = {"data": (address, False), "shape": (count,),
+                                    "typestr": typestr, "version": 3}
 
 
 def host_array(tensor: torch.Tensor):

@@ -35,12 +35,19 @@ Issue = Callable[..., "MPI.Request"]
 
 
 class _Piece:
-    """A part of an operation with one MPI request: its bindings and how to issue it."""
+    """A part of an operation with one MPI request: its bindings and how to issue it.
 
-    __slots__ = ("transfer", "bindings", "issue_fn", "request", "done", "finished", "issued_at")
+    It names its operation rather than holding its ``Transfer``: a piece that pointed back
+    at the transfer listing it would make a reference cycle, and the cycle would keep the
+    bucket's gradients alive until Python's cyclic collector ran (a model's worth of memory
+    per step, several steps long).
+    """
 
-    def __init__(self, transfer, bindings: Sequence[Binding], issue_fn: Issue):
-        self.transfer, self.bindings, self.issue_fn = transfer, list(bindings), issue_fn
+    __slots__ = ("name", "lane", "bindings", "issue_fn", "request", "done", "finished",
+                 "issued_at")
+
+    def __init__(self, name: str, lane: int, bindings: Sequence[Binding], issue_fn: Issue):
+        self.name, self.lane, self.bindings, self.issue_fn = name, lane, list(bindings), issue_fn
         self.request: Optional[MPI.Request] = None
         self.done = False      # MPI has completed the request
         self.finished = False  # its result has been brought back
@@ -50,7 +57,7 @@ class _Piece:
         """MPI has completed the request (as a Test or Wait just saw): the timeline's
         reduction span runs from its issue to now."""
         self.done = True
-        timeline.mark(self.transfer.name, self.transfer.lane, self.issued_at)
+        timeline.mark(self.name, self.lane, self.issued_at)
 
     def is_ready(self) -> bool:
         return all(binding.is_ready() for binding in self.bindings)
@@ -166,6 +173,7 @@ class Transfer(Handle):
             for binding in piece.bindings:
                 if binding.release is not None:
                     binding.release()
+        self.transport.forget_done()
         self._finish()
 
 
@@ -205,6 +213,7 @@ class Transport:
         self._unissued: Deque[_Piece] = deque()
         self._issued: List[_Piece] = []  # issued, not yet seen complete
         self.collectives = 0  # MPI operations issued, for inspection
+        serial.keep_moving(self)  # a ring in flight moves while its rank waits elsewhere
 
     # -- routes --------------------------------------------------------------------------
 
@@ -295,7 +304,7 @@ class Transport:
             transfer = Transfer(self, route, name, result, lane)
             if call is not None:
                 transfer.channel, transfer.seq, transfer.call = self.channel, seq, call
-            transfer.pieces = [_Piece(transfer, bindings, issue) for bindings, issue in parts]
+            transfer.pieces = [_Piece(name, lane, bindings, issue) for bindings, issue in parts]
             self._unissued.extend(transfer.pieces)
             self.advance()
             return transfer
@@ -323,6 +332,24 @@ class Transport:
                 else:
                     pending.append(piece)
             self._issued = pending
+
+    def nudge(self) -> None:
+        """``advance`` if anything is in flight and no other thread is inside MPI; for
+        the waits of ``serial`` (``serial.keep_moving``). Never blocks."""
+        if not (self._issued or self._unissued) or not self.lock.acquire(blocking=False):
+            return
+        try:
+            self.advance()
+        finally:
+            self.lock.release()
+
+    def forget_done(self) -> None:
+        """Drop completed pieces from the in-flight list: a piece a blocking wait saw
+        complete would otherwise stay there, holding its tensors, until the next
+        ``advance``, which on a rarely used communicator may be long after (a model's
+        worth of memory after DDP's first broadcast)."""
+        with self.lock:
+            self._issued = [piece for piece in self._issued if not piece.done]
 
     def issue_all(self) -> None:
         """Issue every started operation as soon as its data is ready.

@@ -136,12 +136,12 @@ def test_a_chunk_is_sent_on_only_after_its_sum_has_completed(world):
     # before the event after that sum completes, or it would send stale data.
     if world.size == 1:
         pytest.skip("a ring of one rank has no steps")
-    from hpcddp.transport.ring import Ring
+    from hpcddp.transport.ring import Ring, ScratchPool
     cuda = _SumStream()
     data = _values(world, 40, torch.float64, salt=9)
     expected = sum(world.comm.allgather(data.numpy()))
-    scratch = torch.empty(Ring.scratch_elements(40, world.size, 1 << 20, 8), dtype=torch.float64)
-    ring = Ring(world.comm, data, "sum", 77, scratch, 1 << 20, cuda)
+    pool = ScratchPool(Ring.chunk_elements(world.size, 1 << 20, 8), torch.float64, "cpu")
+    ring = Ring(world.comm, data, "sum", 77, pool, 1 << 20, cuda)
     ring.stream = "the sums' stream"  # as for CUDA data: sums go through events
     polls = 0
     while not ring.Test():
@@ -149,3 +149,32 @@ def test_a_chunk_is_sent_on_only_after_its_sum_has_completed(world):
     np.testing.assert_allclose(data.numpy(), expected, rtol=1e-12)
     assert cuda.log.count("sum queued") == cuda.log.count("sum recorded") == world.size - 1
     assert polls >= 2 * (world.size - 1), "each sum's event was waited for, not assumed"
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 5])
+def test_rings_sharing_little_scratch_all_finish_however_each_rank_tests_them(world, chunks):
+    # Many rings of many slices share a pool of a few chunks, and each rank tests them in
+    # an order of its own, as ranks whose gradients arrive in different orders do. The
+    # pool hands chunks out in the rings' start order on every rank, so no rank can hold
+    # the chunks another's oldest slice waits for: all finish, with the right sums, and
+    # no more scratch than the pool's is ever made.
+    if world.size == 1:
+        pytest.skip("a ring of one rank has no steps")
+    from hpcddp.transport.ring import Ring, ScratchPool
+    slice_bytes = 64  # 16 floats a slice: a ring of 100 floats has 7 slices
+    pool = ScratchPool(Ring.chunk_elements(world.size, slice_bytes, 4), torch.float32, "cpu",
+                       chunks=chunks)
+    sizes = [100, 7, 333, 48, 1, 250]
+    data = [_values(world, n, torch.float32, salt=k) for k, n in enumerate(sizes)]
+    expected = [sum(world.comm.allgather(d.numpy())) for d in data]
+    tag, rings = 500, []
+    for d in data:
+        rings.append(Ring(world.comm, d, "sum", tag, pool, slice_bytes))
+        tag += Ring.slice_count(d.numel(), slice_bytes, 4)
+    order = np.random.default_rng(world.rank).permutation(len(rings))
+    pending = list(order)
+    while pending:
+        pending = [k for k in pending if not rings[k].Test()]
+    for d, e in zip(data, expected):
+        np.testing.assert_allclose(d.numpy(), e, rtol=1e-5, atol=1e-5)
+    assert pool.made <= chunks
