@@ -168,6 +168,14 @@ bench() {  # bench MODE MODELS
 }
 bench auto mlp,mlp_b1024,toy_cifar
 
+# GPU_CHECK_BEFORE=CHECKOUT (its hpcddp/ and benchmarks/): the same DDP step with that
+# earlier hpcddp, in the same run, for a before/after on one machine.
+if [ -n "${GPU_CHECK_BEFORE:-}" ]; then
+  step bench_ddp_before gpu 240 env HPCDDP_REDUCE=auto PYTHONPATH="$GPU_CHECK_BEFORE:$PYTHONPATH" \
+    "${MPIRUN[@]}" -n 2 "$PY" "$GPU_CHECK_BEFORE/benchmarks/bench_ddp.py" --device cuda \
+    --steps 30 --models mlp --name "$OUT/ddp_cuda_before"
+fi
+
 # -- 3b. the memory DDP adds on the GPU, and a checkpoint load's, against torch's ----------
 step memory gpu 300 "$PY" benchmarks/bench_memory.py --device cuda --launcher "${MPIRUN[*]} -n" \
   --out "$OUT/memory_cuda.json"
