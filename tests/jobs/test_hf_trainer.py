@@ -1,0 +1,43 @@
+"""Hugging Face ``Trainer`` on hpcddp (``examples/hf_trainer.py``): under mpiexec,
+``hpcddp.init()`` first and nothing else changed, Accelerate sees the distributed run
+from the variables init() exports, shards the data and reduces the gradients over
+hpcddp's group; the losses of every step and the final weights are those of the same
+script on torch's gloo backend, started as a gloo user would (MASTER_ADDR, RANK ...):
+bit for bit at 2 ranks, to float rounding at 3."""
+
+import json
+
+import pytest
+import torch
+
+EXAMPLE = "examples/hf_trainer.py"
+
+
+def _train(run_job, tmp_path, n, reference):
+    out = tmp_path / ("gloo" if reference else "hpcddp")
+    job = run_job([EXAMPLE, "--out", out] + (["--reference"] if reference else []), n=n,
+                  timeout=240)
+    assert job.returncode == 0, job.output[-3000:]
+    return json.loads((out / "result.json").read_text())
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_trainer_on_hpcddp_trains_as_on_gloo(run_job, tmp_path, n):
+    reference = _train(run_job, tmp_path, n, reference=True)
+    ours = _train(run_job, tmp_path, n, reference=False)
+    assert reference["backend"] == "gloo" and ours["backend"] == "hpcddp"
+    # The Trainer itself saw every rank (not n copies of a one-process run).
+    assert ours["trainer_world_size"] == reference["trainer_world_size"] == n
+    assert len(ours["losses"]) == len(reference["losses"]) == 8
+    assert ours["losses"][-1] < ours["losses"][0], "the model learned nothing"
+    if n == 2:  # a + b is b + a: bit for bit
+        assert ours["losses"] == reference["losses"]
+        assert ours["weights_sha256"] == reference["weights_sha256"]
+    else:  # three addends: MPI's and gloo's sums may differ in order (float rounding)
+        torch.testing.assert_close(ours["losses"], reference["losses"], rtol=1e-5, atol=0)
+        # AdamW's steps are about the learning rate (3e-3) whatever a gradient's size, so
+        # a rounding apart in a tiny gradient moves a weight by up to a few 1e-6; a wrong
+        # sum or average would move it by the learning rate.
+        theirs = torch.load(tmp_path / "gloo" / "weights.pt")
+        for key, value in torch.load(tmp_path / "hpcddp" / "weights.pt").items():
+            torch.testing.assert_close(value, theirs[key], rtol=1e-5, atol=2e-5)
