@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 from hpcddp.process_group import BACKEND, MPIProcessGroup
+from hpcddp.shared_store import forget_shared_store, shared_store
 
 __all__ = ["comm_of", "destroy_default_group", "group_for", "init_default_group"]
 
@@ -53,8 +54,8 @@ def init_default_group(world) -> bool:
     """
     if dist.is_initialized():
         return False
-    # A process-local store: ranks find each other through MPI, not through the store.
-    dist.init_process_group(BACKEND, store=dist.HashStore(), rank=world.rank,
+    # Ranks find each other through MPI; the store is for groups of other backends.
+    dist.init_process_group(BACKEND, store=shared_store(world), rank=world.rank,
                             world_size=world.size)
     return True
 
@@ -63,3 +64,4 @@ def destroy_default_group() -> None:
     """Destroy torch.distributed's default group if it is hpcddp's."""
     if dist.is_initialized() and dist.get_backend() == BACKEND:
         dist.destroy_process_group()
+        forget_shared_store()

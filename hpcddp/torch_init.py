@@ -9,8 +9,9 @@ Frameworks and scripts written for torchrun then reach it the usual way: Lightni
 torch's default ``env://`` rendezvous wants ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
 ``MASTER_PORT``, and builds a TCP store on that port. An MPI job has none of them, and
 needs none: rank and size come from MPI. For the ``hpcddp`` backend the ``env://``
-rendezvous is answered from MPI instead (``hpcddp.init(torch_group=False)``, then a
-process-local store): no variables, no port. A rank or world size that a framework
+rendezvous is answered from MPI instead (``hpcddp.init(torch_group=False)``, then the
+store rank 0 serves for groups of other backends, ``hpcddp.shared_store``): no variables,
+no port to choose. A rank or world size that a framework
 passes (Lightning's ``MPIEnvironment`` passes both, and sets its own ``MASTER_ADDR``) is
 checked against MPI's. Other backends keep torch's rendezvous untouched.
 
@@ -103,8 +104,8 @@ def _env_rendezvous(torch_env, url, *args, **kwargs):
     world = _load("hpcddp.runtime").init(torch_group=False)
     _check_given(world, query.get("rank", os.environ.get("RANK")),
                  query.get("world_size", os.environ.get("WORLD_SIZE")))
-    # Ranks find each other through MPI; the store is this process's alone.
-    yield (sys.modules["torch.distributed"].HashStore(), world.rank, world.size)
+    # Ranks find each other through MPI; the store is for groups of other backends.
+    yield (_load("hpcddp.shared_store").shared_store(world), world.rank, world.size)
     raise RuntimeError("hpcddp's rendezvous cannot be repeated: the MPI job is fixed")
 
 
