@@ -11,7 +11,7 @@ MPI_TIMEOUT := timeout -k 10 900
 PYTEST  := $(PY) -m pytest -q
 
 .PHONY: venv tools demo test test-unit test-mpi test-slurm test-serialized test-phdf5 \
-        test-cluster test-torch-suite cluster cluster-down cuda-mpi gpu-check gpu-rehearsal \
+        test-cluster test-torch-suite test-torch-suite-8 cluster cluster-down cuda-mpi gpu-check gpu-rehearsal \
         clean
 
 # Bytecode is compiled on every core (pip compiles on one). As with pip, a file that does
@@ -95,10 +95,14 @@ cluster-down: venv
 	$(PY) -m hpcddp cluster down
 
 # A slow target (CI runs it): torch's own distributed test suite on hpcddp, against gloo
-# on the same ranks, at 2 and 3 ranks (tests/torch_suite; about 10 minutes). With
-# HPCDDP_TORCH_SUITE_RANKS=8, the tests that need 8 ranks.
+# on the same ranks, at 2 and 3 ranks (tests/torch_suite; about 10 minutes).
 test-torch-suite: venv
 	$(PYTEST) -s tests/torch_suite
+
+# The suite's tests that need 8 ranks (skip_if_small_worldsize), 8 ranks on this
+# machine's cores: about 5 minutes.
+test-torch-suite-8: venv
+	HPCDDP_TORCH_SUITE_RANKS=8 $(PYTEST) -s tests/torch_suite
 
 # A slow target (CI runs it after `make test`): the MPI suites as jobs across three
 # emulated nodes, and faults across nodes. The cluster is removed even if pytest is killed.

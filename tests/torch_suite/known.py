@@ -14,4 +14,8 @@ KNOWN = {
     "test_monitored_barrier_gloo_subgroup": _GLOO_ONLY,
     "test_monitored_barrier_gloo_rank_0_timeout": _GLOO_ONLY + "; its group has no gloo "
                                                   "backend for the CPU",
+    # At 8 ranks only (skip_if_small_worldsize): rank 0 is refused by torch, the others
+    # then wait in the suite's barrier for a rank 0 that has left the test.
+    "test_monitored_barrier_failure_order": _GLOO_ONLY,
+    "test_monitored_barrier_wait_all_ranks": _GLOO_ONLY,
 }
