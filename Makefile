@@ -132,7 +132,10 @@ $(PHDF5_STAMP): setup.cfg pyproject.toml constraints-dev.txt
 
 test-phdf5: $(PHDF5_STAMP)
 	$(MPI_TIMEOUT) /usr/bin/mpiexec.mpich -n 2 $(PHDF5_PY) -m pytest -p hpcddp.testing tests/mpi/test_data.py tests/mpi/test_shards.py tests/mpi/test_vlen.py
-	$(MPI_TIMEOUT) /usr/bin/mpiexec.mpich -n 3 $(PHDF5_PY) -m pytest -p hpcddp.testing tests/mpi/test_data.py tests/mpi/test_shards.py tests/mpi/test_vlen.py
+	# 3,000 loaders exhaust MPI's contexts if any leaks, a count per process that 2 ranks
+	# show; 3 ranks on 2 cores spin about 80 ms in each collective open (4 minutes).
+	$(MPI_TIMEOUT) /usr/bin/mpiexec.mpich -n 3 $(PHDF5_PY) -m pytest -p hpcddp.testing tests/mpi/test_data.py tests/mpi/test_shards.py tests/mpi/test_vlen.py \
+	  -k 'not test_thousands_of_loaders_created_and_closed'
 
 # A CUDA-aware Open MPI (Debian's 4.1.4 source, UCX with CUDA from PyPI, the CUDA toolkit
 # at CUDA_HOME), built here and carried to a GPU machine: build/cuda-mpi.tar.xz.

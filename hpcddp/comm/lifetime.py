@@ -32,6 +32,13 @@ def register(owner, keep_alive: bool = False) -> None:
             registry holds a weak reference and does not extend the owner's life.
     """
     with _lock:
+        # An owner may sit at the address of one that died unclosed: dropping the dead
+        # first puts the newcomer last, as on every other rank. Overwriting the key
+        # would keep the dead one's place, so ranks whose allocators reused different
+        # addresses would close collectively in different orders and wait on each other.
+        for key in [k for k, o in _open.items() if isinstance(o, weakref.ref) and o() is None]:
+            del _open[key]
+        _open.pop(id(owner), None)
         _open[id(owner)] = owner if keep_alive else weakref.ref(owner)
 
 
