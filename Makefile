@@ -12,7 +12,7 @@ PYTEST  := $(PY) -m pytest -q
 
 .PHONY: venv tools demo test test-unit test-mpi test-slurm test-serialized test-phdf5 \
         test-cluster test-torch-suite test-torch-suite-8 cluster cluster-down cuda-mpi gpu-check gpu-rehearsal \
-        clean
+        docs clean
 
 # Bytecode is compiled on every core (pip compiles on one). As with pip, a file that does
 # not compile on this Python (torch ships helpers for 3.12 only) stays source.
@@ -31,6 +31,17 @@ demo: venv
 	$(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) examples/train_digits.py
 
 test: test-unit test-mpi test-slurm
+
+# The docs site from docs/ (MkDocs, warnings as errors) into build/site; the API
+# reference comes from the docstrings, the settings table from hpcddp/env/config.py.
+DOCS_STAMP := $(VENV)/.hpcddp-docs-installed
+
+$(DOCS_STAMP): $(STAMP) setup.cfg constraints-dev.txt
+	$(PY) -m pip install -q -c constraints-dev.txt -e '.[docs]'
+	touch $@
+
+docs: $(DOCS_STAMP)
+	$(VENV)/bin/mkdocs build --strict --quiet
 
 # strace injects faults (SIGKILL, errors) into the checkpoint crash tests; as root it is
 # installed here, elsewhere those tests skip and say why. Slurm's packages for

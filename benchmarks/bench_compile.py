@@ -8,7 +8,7 @@ of gradients, 2 MiB buckets):
 - ``compiled_whole``: ``DDP(torch.compile(model))``: one graph, so AOTAutograd produces
   every gradient at the end of one fused backward and the first launch moves to its end;
 - ``compiled_per_block``: each block compiled on its own (``block.compile()``), the
-  pattern the README recommends: a graph per block, whose gradients are ready as soon
+  pattern the docs recommend (docs/ddp.md): a graph per block, whose gradients are ready as soon
   as its backward has run, so buckets launch during backward as in eager mode.
 
 Run: ``mpiexec -n 2 python benchmarks/bench_compile.py``.

@@ -1,7 +1,7 @@
-"""Draw the benchmark tables of the README from ``benchmarks/results/*.json``.
+"""Draw the benchmark figures of the docs from ``benchmarks/results/*.json``.
 
 Run: ``python benchmarks/plot.py`` (needs matplotlib: ``pip install 'hpcddp[bench]'``).
-Writes ``benchmarks/results/summary.png``, and ``network.png`` from ``network.json``
+Writes ``docs/images/summary.png``, and ``network.png`` from ``network.json``
 (``bench_network.py``).
 """
 
@@ -13,6 +13,7 @@ from hpcddp.timeline_plot import pyplot
 plt = pyplot()  # or a SystemExit that says to install matplotlib
 
 RESULTS = Path(__file__).resolve().parent / "results"
+FIGURES = Path(__file__).resolve().parents[1] / "docs" / "images"
 
 
 def load(name):
@@ -90,7 +91,7 @@ def main():
     ax.legend(fontsize=8)
 
     fig.tight_layout()
-    out = RESULTS / "summary.png"
+    out = FIGURES / "summary.png"
     fig.savefig(out, dpi=90)
     print(f"wrote {out}")
     if (RESULTS / "network.json").exists():
@@ -136,7 +137,7 @@ def network():
         ax.set_title(f"DDP step, MLP, 2 nodes x 1, {rate}")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    out = RESULTS / "network.png"
+    out = FIGURES / "network.png"
     fig.savefig(out, dpi=80)
     print(f"wrote {out}")
 

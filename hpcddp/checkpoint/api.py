@@ -70,9 +70,12 @@ def save(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
     Args:
         directory: where checkpoints live (``step-<step>`` directories and ``latest``).
         model: the model, wrapped in a DDP or not (saved without the ``module.`` prefix).
-        optimizer, scheduler, scaler: optional; their ``state_dict()`` is saved.
+        optimizer: optional; its ``state_dict()`` is saved.
+        scheduler: optional; its ``state_dict()`` is saved.
+        scaler: optional; its ``state_dict()`` is saved.
         loader: a ``ShardedLoader``; its position is saved.
-        step, epoch: where training is.
+        step: where training is.
+        epoch: where training is.
         extra: anything else that loads under ``torch.load(weights_only=True)``.
         keep_last: keep only this many newest checkpoints (after publishing).
         comm: defaults to the hpcddp world.

@@ -50,7 +50,10 @@ class ShardedLoader(Closable):
             virtual dataset is read as any other dataset.
         keys: dataset names; None means every top-level dataset (or the dataset's keys).
         batch_size: samples per batch; the last partial batch is kept.
-        shuffle, seed, drop_last, exact: as for ``hpcddp.DistributedSampler``.
+        shuffle: as for ``hpcddp.DistributedSampler``.
+        seed: as for ``hpcddp.DistributedSampler``.
+        drop_last: as for ``hpcddp.DistributedSampler``.
+        exact: as for ``hpcddp.DistributedSampler``.
         device: where batches go; on CUDA they are read into pinned buffers that are
             reused, and copied with ``non_blocking=True`` on the current stream.
         prefetch: batches read ahead by a background thread; 0 reads in the caller.

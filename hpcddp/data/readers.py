@@ -170,7 +170,7 @@ class MPIOReader(H5pyReader):
     def _open(self, path, locking, swmr):
         if not h5py_module().get_config().mpi:
             raise RuntimeError("backend='mpio' needs h5py built with MPI (h5py.get_config().mpi "
-                               "is False); see `make test-phdf5` in the README for a build")
+                               "is False); see `make test-phdf5` in docs/tests.md for a build")
         return open_h5(path, locking, driver="mpio", comm=self.comm)
 
     def _select(self, dset, unique):

@@ -75,8 +75,11 @@ class DistributedSampler(torch.utils.data.Sampler):
 
     Args:
         dataset: anything with ``len()``.
-        num_replicas, rank: default to the hpcddp world's size and rank.
-        shuffle, seed, drop_last: as torch's.
+        num_replicas: defaults to the hpcddp world's size.
+        rank: defaults to the hpcddp world's rank.
+        shuffle: as torch's.
+        seed: as torch's.
+        drop_last: as torch's.
         exact: no padding and no dropping; every sample is yielded by exactly one rank.
             For evaluation only: ranks differ in length by at most one.
 

@@ -56,8 +56,9 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
 
     Args:
         module: the model, on this rank's device.
-        device_ids, output_device: as torch's. On a machine without CUDA, CUDA indices
-            are ignored with a one-time warning so one script runs everywhere.
+        device_ids: as torch's. On a machine without CUDA, CUDA indices are ignored
+            with a one-time warning so one script runs everywhere.
+        output_device: as torch's, and ignored in the same way without CUDA.
         dim: as torch's (kept for compatibility; inputs are not scattered).
         broadcast_buffers: broadcast buffers (e.g. BatchNorm statistics) from rank 0
             before each forward. ``None`` means True.

@@ -1,8 +1,8 @@
 """The one getter for ``HPCDDP_*`` environment variables.
 
 Every setting hpcddp reads is declared in ``_SETTINGS`` with its kind, default and
-meaning, so ``hpcddp doctor`` and the README can list them and a typo in a value is
-reported with the value quoted instead of being read as "off".
+meaning, so ``hpcddp doctor`` and the docs' settings page can list them and a typo in a
+value is reported with the value quoted instead of being read as "off".
 """
 
 import difflib
@@ -202,7 +202,7 @@ def unknown_settings(environ: Optional[Mapping[str, str]] = None) -> List[str]:
             continue
         near = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
         hint = f"did you mean HPCDDP_{near[0]}?" if near else \
-            "the README's Settings section lists them"
+            "the Settings page of the docs (docs/settings.md) lists them"
         messages.append(f"hpcddp: {var} is set but is no hpcddp setting, so it has no effect; "
                         f"{hint}")
     return messages

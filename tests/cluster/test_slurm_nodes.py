@@ -15,7 +15,7 @@ import pytest
 from cluster_util import ROOT
 from slurm_util import final_result as _final, read_log
 
-# The ranks' traffic crosses the links, not shared memory (see the README's Many nodes).
+# The ranks' traffic crosses the links, not shared memory (see docs/many-nodes.md).
 ENV = {"PYTHON": sys.executable, "UCX_TLS": "tcp,self"}
 NODES = ["--nodes=2", "--ntasks-per-node=2"]
 

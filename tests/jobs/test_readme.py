@@ -1,9 +1,10 @@
-"""The README's code blocks marked ``<!-- readme-test -->`` run as a user would run them.
+"""Code blocks of the README and the docs marked ``<!-- readme-test -->`` run as a user would
+run them.
 
 The stated substitution is the README's own: ``.venv`` is active (its ``bin`` first on
-PATH), and the Python block before a shell block is saved as ``train.py``, which the shell
-block runs. Blocks run from a folder that holds ``train.py`` and the checkout's
-``examples/``, so nothing is written into the checkout.
+PATH), and the marked Python block before a shell block in the same page is saved as
+``train.py``, which the shell block runs. Blocks run from a folder that holds ``train.py``
+and the checkout's ``examples/``, so nothing is written into the checkout.
 """
 
 import os
@@ -17,16 +18,23 @@ MARK = "<!-- readme-test"
 BLOCK = re.compile(r"^(<!-- readme-test[^\n]*-->\n)?```(\w+)\n(.*?)^```", re.M | re.S)
 
 
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
 def marked_blocks():
-    """``[(language, text, line)]`` of the README's marked blocks, in order."""
-    text = (ROOT / "README.md").read_text()
-    return [(m.group(2), m.group(3), text.count("\n", 0, m.start()) + 1)
-            for m in BLOCK.finditer(text) if m.group(1)]
+    """``[(language, text, "page:line")]`` of the marked blocks, page by page, in order."""
+    blocks = []
+    for page in PAGES:
+        text = page.read_text()
+        blocks += [(m.group(2), m.group(3),
+                    f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}")
+                   for m in BLOCK.finditer(text) if m.group(1)]
+    return blocks
 
 
 def test_the_marked_blocks_are_the_quick_start_tutorial_and_doctor():
     blocks = marked_blocks()
-    assert (ROOT / "README.md").read_text().count(MARK) == len(blocks)  # none mis-marked
+    assert sum(page.read_text().count(MARK) for page in PAGES) == len(blocks)  # none mis-marked
     shells = "\n".join(text for language, text, _ in blocks if language == "sh")
     assert blocks[0][0] == "python" and "hpcddp.init()" in blocks[0][1]
     for command in ("python train.py", "python examples/ddp_tutorial.py", "hpcddp doctor"):
@@ -37,8 +45,10 @@ def test_the_marked_blocks_are_the_quick_start_tutorial_and_doctor():
                                    if language == "sh"])
 def test_a_shell_block_runs_as_written(index, tmp_path):
     blocks = marked_blocks()
-    language, script, line = blocks[index]
-    python = [text for lang, text, _ in blocks[:index] if lang == "python"]
+    language, script, where = blocks[index]
+    page = where.split(":")[0]
+    python = [text for lang, text, at in blocks[:index]
+              if lang == "python" and at.split(":")[0] == page]
     if python:
         (tmp_path / "train.py").write_text(python[-1])
     os.symlink(ROOT / "examples", tmp_path / "examples")
@@ -46,5 +56,5 @@ def test_a_shell_block_runs_as_written(index, tmp_path):
            "VIRTUAL_ENV": str(BIN.parent), "OMP_NUM_THREADS": "1"}
     job = run_command(["bash", "-euo", "pipefail", "-c", script], env=env, timeout=300,
                       cwd=tmp_path)
-    assert job.returncode == 0, f"README line {line}:\n{script}\n{job.output[-3000:]}"
+    assert job.returncode == 0, f"{where}:\n{script}\n{job.output[-3000:]}"
     assert not job.timed_out

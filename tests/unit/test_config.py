@@ -63,7 +63,7 @@ def test_a_misspelled_setting_is_named_with_the_nearest_real_one():
     assert len(said) == 2
     assert "HPCDDP_TIMOUT is set but is no hpcddp setting" in said[0]
     assert "did you mean HPCDDP_TIMEOUT?" in said[0]
-    assert "HPCDDP_ZZZ" in said[1] and "Settings section" in said[1]
+    assert "HPCDDP_ZZZ" in said[1] and "docs/settings.md" in said[1]
 
 
 def test_preemption_signal_by_name_or_number_with_the_right_reason():
