@@ -3,13 +3,16 @@
 Whole 2-rank jobs under mpiexec, interleaved, each started ``--runs`` times:
 
 - ``torch_only``: every rank imports torch and exits (the floor of any torch MPI job);
-- ``hpcddp``: every rank imports torch, runs ``hpcddp.init()``, one DDP step, and exits;
-- ``hpcddp_no_freeze``: the same with ``HPCDDP_GC_FREEZE=0``.
+- ``hpcddp``: every rank imports torch, runs ``hpcddp.init()``, one DDP step, and exits
+  (the heap frozen as the interpreter exits, ``HPCDDP_GC_FREEZE=exit``, the default);
+- ``hpcddp_freeze_init``: the same with the heap frozen at ``init()``
+  (``HPCDDP_GC_FREEZE=init``);
+- ``hpcddp_no_freeze``: the same never frozen (``HPCDDP_GC_FREEZE=off``).
 
 For each: the job's wall time and its exit, from the script's last line to the end of
 the launcher (the ranks' leaving handshake, MPI_Finalize, the interpreter's teardown).
 And in one process: a full ``gc.collect()`` after ``hpcddp.init()``, with the heap
-frozen (the default) and not, the pause a rank's full collection causes.
+frozen at init and not, the pause a rank's full collection causes during training.
 
 Run: ``python benchmarks/bench_startup.py`` (it starts the jobs itself).
 """
@@ -51,7 +54,8 @@ print(json.dumps({"tracked": len(gc.get_objects()), "frozen": gc.get_freeze_coun
                   "full_collection_ms": sorted(samples)[2] * 1e3}))
 """
 
-KINDS = {"torch_only": {}, "hpcddp": {}, "hpcddp_no_freeze": {"HPCDDP_GC_FREEZE": "0"}}
+KINDS = {"torch_only": {}, "hpcddp": {}, "hpcddp_freeze_init": {"HPCDDP_GC_FREEZE": "init"},
+         "hpcddp_no_freeze": {"HPCDDP_GC_FREEZE": "off"}}
 
 
 def _job(kind, script):
@@ -95,7 +99,7 @@ def main():
     for values in jobs.values():
         values["job_over_torch_only"] = values["job_s"] / floor
     result = {"runs": args.runs, "ranks": 2, "jobs": jobs,
-              "gc_after_init": {"frozen": _gc("1"), "not_frozen": _gc("0")},
+              "gc_after_init": {"frozen": _gc("init"), "not_frozen": _gc("exit")},
               "cpus": len(os.sched_getaffinity(0)), "python": sys.version.split()[0]}
     path = HERE / "results" / "startup.json"
     path.write_text(json.dumps(result, indent=2) + "\n")

@@ -10,6 +10,7 @@ wrappers, loaders, process groups, the progress thread) registers with
 world last. ``finalize()`` does the same and then finalizes MPI, for a process that
 must leave MPI before it exits (the preemption path)."""
 
+import atexit
 import gc
 import os
 import warnings
@@ -38,6 +39,7 @@ from hpcddp.world import World  # noqa: E402
 __all__ = ["current_world", "finalize", "get_world", "init", "shutdown"]
 
 _WORLD: Optional[World] = None
+_state = {}
 
 
 def _seconds(timeout) -> float:
@@ -122,12 +124,25 @@ def init(comm=None, *, torch_group: Optional[bool] = None,
     trace = timeline if timeline is not None else get_setting("TIMELINE")
     if trace:
         start_timeline(trace, _WORLD.comm)
-    if get_setting("GC_FREEZE"):
-        # What exists now is mostly torch, MPI and the script's imports, alive until
-        # exit: a full collection, a rank's pause that the others wait out at the next
-        # collective, need not walk it again (HPCDDP_GC_FREEZE).
-        gc.freeze()
+    _freeze_heap(get_setting("GC_FREEZE"))
     return _WORLD
+
+
+def _freeze_heap(when: str) -> None:
+    """``gc.freeze()`` at init, at exit or never (``HPCDDP_GC_FREEZE``).
+
+    At exit it holds nothing of the script's: the interpreter's last collections need
+    not walk torch's objects again. At init, a full collection during training, a pause
+    on one rank that the others wait out at the next collective, skips them too, but
+    also the script's objects made before ``init()``.
+    """
+    if when == "init":
+        gc.freeze()
+    if when != "off" and not _state.get("freeze_at_exit"):
+        _state["freeze_at_exit"] = True
+        # Registered after the watchdog's and lifetime's exit handlers, so it runs
+        # before them (last in, first out), and before the interpreter's collections.
+        atexit.register(gc.freeze)
 
 
 def _export_torchrun_variables(world: World):

@@ -76,6 +76,10 @@ def write_checkpoint(root, step: int, state: dict, world_size: int) -> str:
     return final
 
 
+_crc32 = {"saves": 0, "before": True}
+_crc32_lock = threading.Lock()
+
+
 @contextlib.contextmanager
 def without_zip_crc32():
     """torch.save without the CRC32 of every zip record, restored afterwards.
@@ -83,20 +87,29 @@ def without_zip_crc32():
     The manifest holds an XXH3-128 of every byte of the file, checked at every load;
     torch's CRC32 of the same bytes is a second, slower checksum of them: 144 MiB of
     state took 154-167 ms to torch.save with it and 95-98 ms without. Files written
-    without it load in torch.load as any other. The option is process-wide: a torch.save
-    in another thread during a checkpoint save also skips it.
+    without it load in torch.load as any other.
+
+    The option is process-wide: a ``torch.save`` in another thread while a checkpoint is
+    written also skips it. Saves that overlap (threads) count themselves in and out, so
+    the last one out restores what was set before the first came in.
     """
     get = getattr(torch.serialization, "get_crc32_options", None)
     put = getattr(torch.serialization, "set_crc32_options", None)
     if get is None or put is None:  # an older torch: nothing to turn off
         yield
         return
-    before = get()
-    put(False)
+    with _crc32_lock:
+        if _crc32["saves"] == 0:
+            _crc32["before"] = get()
+            put(False)
+        _crc32["saves"] += 1
     try:
         yield
     finally:
-        put(before)
+        with _crc32_lock:
+            _crc32["saves"] -= 1
+            if _crc32["saves"] == 0:
+                put(_crc32["before"])
 
 
 def _write_and_publish(root, final, step, state, world_size) -> None:

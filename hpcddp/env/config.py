@@ -59,13 +59,15 @@ _SETTINGS = {
         "ranks and raise on every rank at the first difference, naming the ranks and both "
         "calls (one small allgather per collective).", ("off", "detail")),
     "GC_FREEZE": _Setting(
-        "bool", True,
-        "hpcddp.init() moves every object alive at that moment (mostly the imported "
-        "libraries: about 170,000 objects with torch) into the garbage collector's "
-        "permanent generation (gc.freeze()): a full collection during training, a pause "
-        "on one rank that every other rank waits for at the next collective, no longer "
-        "walks them, and ranks exit sooner. Cyclic garbage among those objects is never "
-        "collected. 0: leave the collector as it is."),
+        "choice", "exit",
+        "When hpcddp moves the objects alive at that moment into the garbage collector's "
+        "permanent generation (gc.freeze()), which no collection walks. exit: as the "
+        "interpreter exits, so its last collections skip torch's ~170,000 objects and "
+        "ranks leave sooner; nothing of the script's is held. init: already at "
+        "hpcddp.init(), so a full collection during training, a pause on one rank that "
+        "every other rank waits out at the next collective, skips them too; cyclic "
+        "garbage among objects made before init() is then never collected. off: never.",
+        ("exit", "init", "off")),
     "NUM_THREADS": _Setting(
         "int", 0,
         "torch intra-op threads per rank; 0 means the cores available to this rank "

@@ -135,3 +135,31 @@ def test_helper_threads_need_serialized_and_below_it_give_way_and_say_so(run_job
     normal = run_job(["tests/jobs/scripts/below_multiple.py"], n=2, timeout=90,
                      env={"MPI4PY_RC_THREAD_LEVEL": "multiple"})
     assert "rank 0: level=multiple" in normal.stdout and "notes=0" in normal.stdout
+
+
+FREEZE_AT_EXIT = """
+import atexit, gc
+import torch
+atexit.register(lambda: print("frozen at exit", gc.get_freeze_count(), flush=True))
+import hpcddp
+hpcddp.init()
+print("frozen after init", gc.get_freeze_count(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("when", [None, "off"])
+def test_the_heap_is_frozen_as_the_job_exits_unless_off(run_job, tmp_path, when):
+    # An exit handler registered before init() runs after hpcddp's (last in, first out).
+    script = tmp_path / "freeze.py"
+    script.write_text(FREEZE_AT_EXIT)
+    job = run_job([script], n=2, timeout=120,
+                  env={"HPCDDP_GC_FREEZE": when} if when else None)
+    assert job.returncode == 0, job.output[-2000:]
+    after_init = [int(n) for n in re.findall(r"frozen after init (\d+)", job.stdout)]
+    at_exit = [int(n) for n in re.findall(r"frozen at exit (\d+)", job.stdout)]
+    assert after_init == [0, 0] and len(at_exit) == 2
+    if when == "off":
+        assert at_exit == [0, 0]
+    else:
+        # torch's objects: what the interpreter's last collections no longer walk.
+        assert min(at_exit) > 100_000

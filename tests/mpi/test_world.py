@@ -80,10 +80,11 @@ def test_init_on_a_sub_communicator():
     assert hpcddp.get_world().size == world_size and dist.get_world_size() == world_size
 
 
-@pytest.mark.parametrize("freeze", ["0", None])
-def test_init_moves_what_exists_out_of_the_collectors_sight(monkeypatch, freeze):
-    """HPCDDP_GC_FREEZE (on by default): init() leaves torch's objects, alive until exit,
-    to the permanent generation, which a full collection does not walk."""
+@pytest.mark.parametrize("freeze", ["off", "init", None])
+def test_init_freezes_the_heap_only_when_asked(monkeypatch, freeze):
+    """HPCDDP_GC_FREEZE=init leaves torch's objects, alive until exit, to the permanent
+    generation, which a full collection does not walk; by default (exit) and with off,
+    init() freezes nothing: the script's objects stay in the collector's sight."""
     import gc
 
     import torch.distributed as dist
@@ -96,11 +97,11 @@ def test_init_moves_what_exists_out_of_the_collectors_sight(monkeypatch, freeze)
     try:
         hpcddp.init()
         seen = any(o is torch.nn.Linear for o in gc.get_objects())
-        if freeze == "0":
-            assert gc.get_freeze_count() == 0 and seen
-        else:
+        if freeze == "init":
             # torch alone brings over 100,000 objects the collector would walk.
             assert gc.get_freeze_count() > 100_000 and not seen
+        else:
+            assert gc.get_freeze_count() == 0 and seen
         # Objects made afterwards are collected as ever.
         cycle = []
         cycle.append(cycle)
@@ -108,6 +109,7 @@ def test_init_moves_what_exists_out_of_the_collectors_sight(monkeypatch, freeze)
         assert gc.collect() >= 1
     finally:
         hpcddp.shutdown()
+        gc.unfreeze()
         monkeypatch.delenv("HPCDDP_GC_FREEZE", raising=False)
         hpcddp.init()
     assert dist.get_world_size() == world_size
