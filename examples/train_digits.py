@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 import hpcddp
 import hpcddp.checkpoint as checkpoint
-from hpcddp.data import ShardedLoader
+from hpcddp.data import ShardedLoader, progress
 from hpcddp.data.pack import pack_arrays
 
 
@@ -117,7 +117,8 @@ def main():
     for epoch in range(start, args.epochs):
         train.set_epoch(epoch)
         began, seen, total_loss = time.perf_counter(), 0, torch.zeros(2, dtype=torch.float64)
-        batches = tqdm(train, desc=f"epoch {epoch}", disable=not world.is_main, leave=False)
+        # A bar on a terminal; in a batch log, a line every 30 s and at the epoch's end.
+        batches = progress(train, desc=f"epoch {epoch}", disable=not world.is_main, leave=False)
         for x, y in batches:
             loss = F.cross_entropy(model(x), y)
             optimizer.zero_grad()

@@ -9,7 +9,7 @@ from hpcddp.lazy import lazy_names
 _PUBLIC = {
     "DataFileError": ".h5file", "inspect_file": ".h5file",
     "DistributedSampler": ".sampler", "H5Dataset": ".dataset", "ShardedLoader": ".loader",
-    "decode_jpeg": ".images", "jpeg_decoder": ".images",
+    "decode_jpeg": ".images", "jpeg_decoder": ".images", "progress": ".progress",
 }
 
 __all__ = sorted(_PUBLIC)

@@ -13,9 +13,9 @@ from typing import Dict, Optional
 
 import h5py
 import numpy as np
-from tqdm import tqdm
 
 from hpcddp.cli import command_parser
+from hpcddp.data.progress import progress as progress_bar
 
 __all__ = ["main", "pack_arrays", "pack_shards", "shard_paths"]
 
@@ -93,8 +93,9 @@ def pack_arrays(out, arrays: Dict[str, np.ndarray], chunk_rows: Optional[int] = 
     total = sum(_nbytes(a) for a in arrays.values())
     tmp = f"{out}.tmp{os.getpid()}"
     try:
-        with h5py.File(tmp, "w") as f, tqdm(total=total, unit="B", unit_scale=True,
-                                            desc=f"pack {out}", disable=not progress) as bar:
+        with h5py.File(tmp, "w") as f, progress_bar(total=total, unit="B", unit_scale=True,
+                                                    desc=f"pack {out}",
+                                                    disable=not progress) as bar:
             for key, array in arrays.items():
                 chunks = (min(chunk_rows, len(array)),) + array.shape[1:] if chunk_rows else None
                 dset = f.create_dataset(key, shape=array.shape, dtype=_h5_dtype(array),

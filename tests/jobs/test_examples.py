@@ -12,6 +12,9 @@ def test_digits_demo_trains_to_95_percent_and_resumes(run_job, tmp_path):
     assert "(360 samples)" in job.stdout  # exact-mode evaluation counts each test sample once
     assert re.search(r"epoch 0: train_loss=[\d.]+ test_accuracy=[\d.]+ \(360 samples\) "
                      r"samples/s=\d+", job.stdout)
+    # Its log is not a terminal: a line per epoch for the progress, no redrawn bar.
+    assert "\r" not in job.stderr
+    assert re.findall(r"^epoch (\d+): 100%", job.stderr, re.M) == [str(e) for e in range(12)]
     # The same command again finds the last checkpoint and has nothing left to train.
     again = run_job(args + ["--epochs", "12"], n=2, timeout=300)
     assert again.returncode == 0, again.stderr
