@@ -36,3 +36,6 @@ after_import("torch.distributed", "hpcddp.torch_init:register")
 # torch's own thread count, noted as torch is imported: one the script sets afterwards,
 # before init(), is kept (hpcddp.env.threads).
 after_import("torch", "hpcddp.env.threads:note_torch_default")
+# A rank of a job of several that reaches its first optimizer step with no process group
+# (hpcddp.init() forgotten) raises instead of training alone (hpcddp.torch_init).
+after_import("torch.optim.optimizer", "hpcddp.torch_init:watch_for_training_alone")

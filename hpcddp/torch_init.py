@@ -26,9 +26,10 @@ import os
 import sys
 from urllib.parse import parse_qs, urlparse
 
-from hpcddp.env import ConfigError
+from hpcddp.env import ConfigError, detect_launcher
+from hpcddp.env.config import LOADER_WORKER_VARIABLE
 
-__all__ = ["BACKEND", "names_hpcddp", "register"]
+__all__ = ["BACKEND", "TrainingAloneError", "names_hpcddp", "register", "watch_for_training_alone"]
 
 # hpcddp.process_group.BACKEND, not imported here: that module starts MPI, and
 # registering must not (a spawned DataLoader worker imports hpcddp too).
@@ -98,7 +99,18 @@ def _requested_backend():
 
 def _env_rendezvous(torch_env, url, *args, **kwargs):
     if not names_hpcddp(_requested_backend()):
-        yield from torch_env(url, *args, **kwargs)
+        try:
+            yield from torch_env(url, *args, **kwargs)
+        except ValueError as error:
+            size = detect_launcher().world_size or 1
+            if size > 1 and "environment variable" in str(error):
+                # Accelerate under mpiexec: another backend, and no MASTER_ADDR.
+                raise ValueError(
+                    f"{error}. This process is one of {size} that "
+                    f"{detect_launcher().describe()} started: call hpcddp.init() at the "
+                    f"start of the script, and torch.distributed gets its group from MPI "
+                    f"with none of these variables") from error
+            raise
         return
     query = {key: values[-1] for key, values in parse_qs(urlparse(url).query).items()}
     world = _load("hpcddp.runtime").init(torch_group=False)
@@ -154,3 +166,52 @@ def _is_hpcddp(group) -> bool:
     except TypeError:
         return False
     return True
+
+
+class TrainingAloneError(RuntimeError):
+    """A rank of a job of several took an optimizer step with no process group."""
+
+
+def watch_for_training_alone() -> None:
+    """Check once, at the first optimizer step of this process, that a rank of a job of
+    several is not training alone (``refuse_training_alone``). The hook is torch's
+    global optimizer step pre-hook, removed at that first step."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    handles = []
+
+    def first_step(optimizer, args, kwargs):
+        handles.pop().remove()
+        refuse_training_alone()
+
+    handles.append(register_optimizer_step_pre_hook(first_step))
+
+
+def refuse_training_alone() -> None:
+    """Raise ``TrainingAloneError`` if a launcher started this process as one rank of
+    several and neither ``hpcddp.init()`` nor ``init_process_group`` has run.
+
+    Each rank would train alone on all the data: Hugging Face's Trainer and Accelerate
+    see a world of one when nothing set torchrun's variables, with no more than a warning.
+    Processes a rank starts (DataLoader workers) are not asked.
+    """
+    import multiprocessing
+
+    import torch.distributed as dist
+
+    if multiprocessing.parent_process() is not None or os.environ.get(LOADER_WORKER_VARIABLE):
+        return
+    if dist.is_available() and dist.is_initialized():
+        return
+    runtime = sys.modules.get("hpcddp.runtime")  # imported by init(); importing starts MPI
+    if runtime is not None and runtime.current_world() is not None:
+        return
+    launcher = detect_launcher()
+    size = launcher.world_size or 1
+    if size > 1:
+        raise TrainingAloneError(
+            f"hpcddp: this process is one of {size} that {launcher.describe()} started, "
+            f"but it reached its first optimizer step with no process group: each rank "
+            f"would train alone on all the data (Hugging Face's Trainer and Accelerate see "
+            f"a world of 1). Call hpcddp.init() at the start of the script, before the "
+            f"model, the Trainer or the Accelerator is made")

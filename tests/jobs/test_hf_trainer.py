@@ -41,3 +41,20 @@ def test_trainer_on_hpcddp_trains_as_on_gloo(run_job, tmp_path, n):
         theirs = torch.load(tmp_path / "gloo" / "weights.pt")
         for key, value in torch.load(tmp_path / "hpcddp" / "weights.pt").items():
             torch.testing.assert_close(value, theirs[key], rtol=1e-5, atol=2e-5)
+
+
+def test_a_forgotten_init_ends_the_job_at_the_first_step_instead_of_training_alone(run_job):
+    job = run_job(["tests/jobs/scripts/hf_trainer_without_init.py"], n=2, timeout=240)
+    assert job.returncode != 0 and not job.timed_out
+    # The Trainer saw a world of one; hpcddp stopped the rank before its first step.
+    assert "trainer world size 1" in job.stdout and "trained alone" not in job.stdout
+    assert "TrainingAloneError: hpcddp: this process is one of 2" in job.stderr
+    assert "Call hpcddp.init() at the start of the script" in job.stderr
+
+
+def test_a_forgotten_init_with_use_cpu_names_the_fix_beside_torchs_missing_variable(run_job):
+    job = run_job(["tests/jobs/scripts/hf_trainer_without_init.py", "cpu"], n=2, timeout=240)
+    assert job.returncode != 0 and not job.timed_out and "trained alone" not in job.stdout
+    assert "environment variable MASTER_ADDR expected, but not set. This process is one " \
+           "of 2" in job.stderr
+    assert "call hpcddp.init() at the start of the script" in job.stderr
