@@ -68,6 +68,13 @@ _SETTINGS = {
         "every other rank waits out at the next collective, skips them too; cyclic "
         "garbage among objects made before init() is then never collected. off: never.",
         ("exit", "init", "off")),
+    "INFLIGHT_MB": _Setting(
+        "int", 32,
+        "The most megabytes of tensors one communicator has in MPI operations at once; "
+        "an operation that would pass it is issued, in its turn, once earlier ones "
+        "complete (one always goes, whatever its size). MPI's non-blocking allreduce "
+        "keeps scratch as large as its message, so this bounds the memory reductions in "
+        "flight take beside the gradients. 0: no bound."),
     "NUM_THREADS": _Setting(
         "int", 0,
         "torch intra-op threads per rank; 0 means the cores available to this rank "

@@ -44,10 +44,11 @@ class _Piece:
     """
 
     __slots__ = ("name", "lane", "bindings", "issue_fn", "request", "done", "finished",
-                 "issued_at")
+                 "issued_at", "nbytes")
 
     def __init__(self, name: str, lane: int, bindings: Sequence[Binding], issue_fn: Issue):
         self.name, self.lane, self.bindings, self.issue_fn = name, lane, list(bindings), issue_fn
+        self.nbytes = sum(getattr(b.memory, "nbytes", 0) for b in self.bindings)
         self.request: Optional[MPI.Request] = None
         self.done = False      # MPI has completed the request
         self.finished = False  # its result has been brought back
@@ -189,6 +190,9 @@ class Transport:
         reduction: how an allreduce is carried out at first: ``"mpi"`` (MPI's
             ``Iallreduce``), ``"ring"`` (hpcddp's ring of point-to-point, ``ring.py``) or
             ``"node"`` (``node_aware.py``); ``choice.py`` picks per buffer.
+        inflight_bytes: the most bytes of tensors in issued, uncompleted operations; a
+            piece that would pass it waits its turn until earlier ones complete (one may
+            always be in flight). None: ``HPCDDP_INFLIGHT_MB``; 0: no bound.
 
     Example::
 
@@ -199,8 +203,11 @@ class Transport:
     """
 
     def __init__(self, comm, cuda_aware: bool = False, cuda=torch.cuda, pinned: bool = True,
-                 chunk_bytes: int = 4 << 20, reduction: str = "mpi"):
+                 chunk_bytes: int = 4 << 20, reduction: str = "mpi",
+                 inflight_bytes: Optional[int] = None):
         self.comm, self.cuda_aware, self.cuda = comm, cuda_aware, cuda
+        self.inflight_bytes = get_setting("INFLIGHT_MB") << 20 if inflight_bytes is None \
+            else inflight_bytes
         self.channel = activity.channel_for(comm)
         # HPCDDP_DEBUG=detail: every collective is compared across ranks before it is issued.
         self.check = CollectiveCheck(comm) if get_setting("DEBUG") == "detail" else None
@@ -318,20 +325,37 @@ class Transport:
         self._issued.append(piece)
 
     def advance(self) -> None:
-        """Issue, in order, the pieces whose data is ready, and ``Test`` the issued ones
-        so MPI makes progress; never blocks."""
+        """``Test`` the issued pieces so MPI makes progress, and issue, in order, the
+        pieces whose data is ready while the bytes in flight allow; never blocks."""
         with self.lock:
-            while self._unissued and self._unissued[0].is_ready():
+            self._test_issued()
+            issued = False
+            while (self._unissued and self._unissued[0].is_ready()
+                   and self._has_room_for(self._unissued[0])):
                 self._issue(self._unissued.popleft())
-            pending = []
-            for piece in self._issued:
-                if piece.done:
-                    continue
-                if piece.request.Test():
-                    piece.completed()  # its transfer brings the result back when asked
-                else:
-                    pending.append(piece)
-            self._issued = pending
+                issued = True
+            if issued:
+                self._test_issued()
+
+    def _test_issued(self) -> None:
+        pending = []
+        for piece in self._issued:
+            if piece.done:
+                continue
+            if piece.request.Test():
+                piece.completed()  # its transfer brings the result back when asked
+            else:
+                pending.append(piece)
+        self._issued = pending
+
+    def _has_room_for(self, piece: _Piece) -> bool:
+        """Whether ``piece`` fits beside what is in flight (``inflight_bytes``): MPI's
+        non-blocking reductions keep scratch the size of their message, so the bytes in
+        flight are memory beside the tensors. The first piece always fits."""
+        if not self.inflight_bytes:
+            return True
+        flying = sum(p.nbytes for p in self._issued if not p.done)
+        return flying == 0 or flying + piece.nbytes <= self.inflight_bytes
 
     def nudge(self) -> None:
         """``advance`` if anything is in flight and no other thread is inside MPI; for

@@ -94,6 +94,8 @@ def test_ddp_peaks_no_higher_than_torch_ddp(world, gloo, case, solo_kb, monkeypa
         pytest.skip("nothing is reduced at one rank")
     if solo_kb is not None:
         monkeypatch.setenv("HPCDDP_SOLO_BUCKET_KB", str(solo_kb))
+    # A bound below the gradients' 24 MiB, so that it binds: a weight's 4 MiB at a time.
+    monkeypatch.setenv("HPCDDP_INFLIGHT_MB", "4")
     options = dict(CASES[case])
     hook = options.pop("hook", None)
 
@@ -109,18 +111,49 @@ def test_ddp_peaks_no_higher_than_torch_ddp(world, gloo, case, solo_kb, monkeypa
     reference, ours = (world.comm.allreduce(x, op=MPI.MAX) for x in (reference, ours))
     # Beyond torch's: the reduction's temporaries, and 2 MiB for the communicators and
     # Python objects. hpcddp's ring holds a scratch pool of a fixed number of chunks,
-    # whatever the model. MPI's own Iallreduce keeps temporaries hpcddp can neither see
-    # nor bound (MPICH 5: half of each buffer in flight at 2 ranks, about all of it at
-    # 3, and a backward's buffers may all be in flight at once): up to the gradients'
-    # size. A step's gradients kept alive past their step is more than that.
+    # whatever the model. MPI's own Iallreduce keeps temporaries as large as its
+    # message (MPICH 5: half of each buffer in flight at 2 ranks, about all of it at 3),
+    # which the bound on bytes in flight holds to 4 MiB. A step's gradients kept alive
+    # past their step is more than that.
     if world.reduction == "ring":
         temporaries = POOL_CHUNKS * Ring.chunk_elements(world.size, 1 << 20, 4) * 4
     else:
-        temporaries = _bytes(_model())
+        temporaries = 4 * MIB
     assert ours <= reference + temporaries + 2 * MIB, (
         f"hpcddp's DDP peaked {ours / MIB:.1f} MiB above the bare model, torch's "
         f"{reference / MIB:.1f} MiB ({case}, HPCDDP_SOLO_BUCKET_KB={solo_kb}, reduction "
         f"{world.reduction})")
+
+
+def test_the_bytes_in_flight_bound_mpis_own_temporaries(world):
+    """Eight 8 MiB allreduces started together, then waited for, peak no higher under a
+    bound of one tensor in flight than the same eight each waited for before the next
+    starts (the reference: one message's temporaries at a time). Unbounded, MPI keeps
+    temporaries for all in flight at once, which is what the bound is for."""
+    if world.size == 1 or world.reduction != "mpi":
+        pytest.skip("MPI's own Iallreduce at two ranks or more")
+    from hpcddp.transport.transport import Transport
+    tensors = [torch.ones(2 << 20) for _ in range(8)]
+    one = tensors[0].nbytes
+
+    def together(transport):
+        return lambda: [t.wait() for t in [transport.allreduce(x) for x in tensors]]
+
+    def one_by_one(transport):
+        return lambda: [transport.allreduce(x).wait() for x in tensors]
+
+    peaks = {}
+    for name, bound, run in (("reference", 0, one_by_one), ("bounded", one, together),
+                             ("unbounded", 0, together)):
+        transport = Transport(world.comm, inflight_bytes=bound)
+        try:
+            peaks[name] = world.comm.allreduce(_peak_added(run(transport)), op=MPI.MAX)
+        finally:
+            transport.close()
+    said = ", ".join(f"{k} {v / MIB:.1f} MiB" for k, v in peaks.items())
+    assert peaks["bounded"] <= peaks["reference"] + 2 * MIB, said
+    # The control: without the bound the same calls hold more (else this test shows nothing).
+    assert peaks["unbounded"] >= peaks["reference"] + one, said
 
 
 def test_wrapping_keeps_no_copy_of_the_model(world):
