@@ -7,7 +7,6 @@ owns the library's private communicators; ``hpcddp.runtime`` owns the ``World``.
 import importlib.util
 import os
 import socket
-import sys
 import warnings
 from typing import Optional, Sequence
 

@@ -12,170 +12,22 @@ progress thread (``hpcddp.comm.progress``) may complete transfers while the call
 new ones, and a wait lets go of it between polls.
 """
 
-import functools
 from collections import deque
 from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
 
 import torch
-from mpi4py import MPI
 
 from hpcddp.comm import activity, serial, timeline
 from hpcddp.comm.backoff import Backoff
 from hpcddp.comm.fingerprint import CollectiveCheck
-from hpcddp.comm.handle import Handle
 from hpcddp.env import get_setting
 from hpcddp.transport.choice import Reductions
 from hpcddp.transport.reductions import Reduction
-from hpcddp.transport.routes import Binding, DeviceRoute, HostRoute, Route
+from hpcddp.transport.routes import DeviceRoute, HostRoute, Route
 from hpcddp.transport.staging import StagedRoute
+from hpcddp.transport.transfer import Issue, Transfer, _Piece
 
 __all__ = ["Transfer", "Transport"]
-
-Issue = Callable[..., "MPI.Request"]
-
-
-class _Piece:
-    """A part of an operation with one MPI request: its bindings and how to issue it.
-
-    It names its operation rather than holding its ``Transfer``: a piece that pointed back
-    at the transfer listing it would make a reference cycle, and the cycle would keep the
-    bucket's gradients alive until Python's cyclic collector ran (a model's worth of memory
-    per step, several steps long).
-    """
-
-    __slots__ = ("name", "lane", "bindings", "issue_fn", "request", "done", "finished",
-                 "issued_at", "nbytes")
-
-    def __init__(self, name: str, lane: int, bindings: Sequence[Binding], issue_fn: Issue):
-        self.name, self.lane, self.bindings, self.issue_fn = name, lane, list(bindings), issue_fn
-        self.nbytes = sum(getattr(b.memory, "nbytes", 0) for b in self.bindings)
-        self.request: Optional[MPI.Request] = None
-        self.done = False      # MPI has completed the request
-        self.finished = False  # its result has been brought back
-        self.issued_at = 0     # timeline.now() when issued
-
-    def completed(self) -> None:
-        """MPI has completed the request (as a Test or Wait just saw): the timeline's
-        reduction span runs from its issue to now."""
-        self.done = True
-        timeline.mark(self.name, self.lane, self.issued_at)
-
-    def is_ready(self) -> bool:
-        return all(binding.is_ready() for binding in self.bindings)
-
-    def wait_ready(self) -> None:
-        for binding in self.bindings:
-            if binding.ready is not None:
-                binding.ready.synchronize()
-
-
-class Transfer(Handle):
-    """One tensor operation, from start to a result the consumer stream can read.
-
-    Created by the ``Transport``; it issues the pieces, ``wait()`` completes them and
-    makes the caller's current CUDA stream wait for the copies back. ``result`` is what
-    ``wait()`` returns (the reduced tensor, or the operation's output tensors).
-    """
-
-    __slots__ = ("transport", "route", "pieces", "_streams", "_events", "lane")
-
-    def __init__(self, transport: "Transport", route: Route, name: str, result=None,
-                 lane: int = timeline.TORCH):
-        super().__init__(name=name, result=result, lock=transport.lock)
-        self.transport, self.route, self.lane = transport, route, lane
-        self.pieces: List[_Piece] = []
-        self._streams = []  # streams that copies back were queued on
-        self._events = []   # recorded on them once every piece has finished
-
-    @property
-    def issued(self) -> bool:
-        return all(piece.request is not None for piece in self.pieces)
-
-    @property
-    def ready(self):
-        """The event the first piece waits for (None when MPI may start at once)."""
-        return self.pieces[0].bindings[0].ready
-
-    @ready.setter
-    def ready(self, event):
-        for piece in self.pieces:
-            for binding in piece.bindings:
-                binding.ready = event
-
-    def test(self) -> bool:
-        """Drive the transport; once MPI has completed every piece, bring the results
-        back and run the callbacks. Returns whether the transfer is done."""
-        with self._lock:
-            if not self._done:
-                self.transport.advance()
-                if all(piece.done for piece in self.pieces):
-                    self._complete()
-        return self._done
-
-    def _block(self) -> None:
-        """Issue and complete the pieces in order, letting go of the lock between polls."""
-        for piece in self.pieces:
-            self.transport.issue_through(piece)
-            serial.poll(functools.partial(self._test_piece, piece))
-            # Each piece goes back as soon as it is in, while later ones are reduced.
-            with self._lock:
-                self._bring_back(piece)
-        with self._lock:
-            self._complete()
-
-    def _test_piece(self, piece: _Piece) -> bool:
-        with self._lock:
-            if not piece.done and piece.request.Test():
-                piece.completed()
-            return piece.done
-
-    def wait(self, timeout: Optional[float] = None):
-        """Block until the result is in place as seen by the current CUDA stream.
-
-        Raises:
-            HandleTimeout: as ``Handle.wait``.
-
-        .. warning:: Synchronization point: issues every earlier operation, waits for
-           this operation's producer (or copy) events and for every rank's contribution.
-        """
-        super().wait(timeout)
-        if self._events:
-            device = self.pieces[0].bindings[0].tensor.device
-            for event in self._events:
-                self.transport.cuda.current_stream(device).wait_event(event)
-        return self.result
-
-    def synchronize(self) -> None:
-        """Block the host until the copies back have run (for results read by any stream)."""
-        for event in self._events:
-            event.synchronize()
-
-    def _bring_back(self, piece: _Piece) -> None:
-        if piece.finished:
-            return
-        piece.finished = True
-        for binding in piece.bindings:
-            if binding.finish is not None:
-                stream = binding.finish()
-                if stream is not None and stream not in self._streams:
-                    self._streams.append(stream)
-
-    def _complete(self) -> None:
-        """Every piece is done: results back, consumer events recorded, buffers returned."""
-        if self._done:
-            return
-        for piece in self.pieces:
-            self._bring_back(piece)
-        for stream in self._streams:
-            event = self.transport.cuda.Event()
-            event.record(stream)
-            self._events.append(event)
-        for piece in self.pieces:
-            for binding in piece.bindings:
-                if binding.release is not None:
-                    binding.release()
-        self.transport.forget_done()
-        self._finish()
 
 
 class Transport:
