@@ -92,7 +92,7 @@ def save(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
         rngs = comm.gather(capture_rng(), root=0)
     ddp = _bucketed(model)
     with activity.blocking("checkpoint.save: gathering comm hook states", comm):
-        hooks = comm.gather(capture_hook_state(ddp.reducer.hook_state) if ddp else None,
+        hooks = comm.gather(capture_hook_state(ddp.comm_hook_state) if ddp else None,
                             root=0)
     if comm.rank != 0:
         return _agree(comm, None)
@@ -317,7 +317,7 @@ def load(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
     hooks = state.get("comm_hook")
     if hooks is not None and _bucketed(model):
         same = state["world_size"] == comm.size
-        restore_hook_state(_bucketed(model).reducer.hook_state,
+        restore_hook_state(_bucketed(model).comm_hook_state,
                            hooks[comm.rank if same else 0], same, comm.rank)
     if state["world_size"] == comm.size:
         restore_rng(state["rng"][comm.rank])

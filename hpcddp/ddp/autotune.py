@@ -113,7 +113,7 @@ class Autotuner:
         self._since = 0
         self.settled = False
         self.reason = ""  # why the search ended, for the log line
-        reducer.timer = self._measure
+        reducer.start_timing(self._measure)
 
     # -- the reducer's and the wrapper's calls --------------------------------------------
 
@@ -184,10 +184,10 @@ class Autotuner:
                       f"{', '.join(differ)}; searching again", rank=self.control.rank)
             return False
         setting = Setting(**saved["setting"])
-        self.search.done, self.search.current = True, setting
+        self.search.settle_on(setting)
         self._apply(setting)
         self.settled, self.reason = True, "taken from the checkpoint"
-        self.reducer.timer = None  # nothing more to measure (on a GPU, a synchronize a step)
+        self.reducer.stop_timing()  # nothing more to measure (on a GPU, a synchronize a step)
         if self.is_main:
             print(f"hpcddp autotune: {setting.describe()} (chosen before, taken from the "
                   f"checkpoint: same world, network and model)", file=sys.stderr, flush=True)
@@ -204,7 +204,7 @@ class Autotuner:
         self._applied, self._since = setting, now
 
     def _settle(self, why: str) -> None:
-        self.search.done = True
+        self.search.stop()
         best = self.search.best_setting
         if self._applied is None:
             pass  # stopped before the first step: the wrapper keeps the layout it was built with
@@ -213,7 +213,7 @@ class Autotuner:
         else:
             timeline.mark(f"autotune: {best.describe()}", timeline.REDUCER, self._since)
         self.settled, self.reason = True, why
-        self.reducer.timer = None
+        self.reducer.stop_timing()
         self._write_log(final=True)
         if self.is_main:
             print(self.summary(), file=sys.stderr, flush=True)

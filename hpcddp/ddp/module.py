@@ -362,6 +362,12 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
         """
         return self.reducer.bucket_order()
 
+    @property
+    def comm_hook_state(self):
+        """The state object of the registered comm hook (None without one), which
+        ``hpcddp.checkpoint`` saves and restores."""
+        return self.reducer.hook_state
+
     def autotune_state(self) -> Optional[dict]:
         """The bucket setting ``bucket_cap_mb="auto"`` chose and what it was measured on,
         for ``hpcddp.checkpoint``; None without autotuning or while it searches."""
@@ -386,8 +392,7 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
     def _release(self) -> None:
         self._complete_pending()
         if self.reducer is not None:
-            self.reducer.remove_hooks()
-            self.reducer.transport.close()
+            self.reducer.close()
         if getattr(self, "_control_transport", None) is not None:
             self._control_transport.close()
         for comm in (self._comm, self._control):

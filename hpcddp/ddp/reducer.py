@@ -401,6 +401,23 @@ class Reducer:
             if bucket.handle is not None:
                 bucket.finish()
 
+    def start_timing(self, timer: Callable[[int], None]) -> None:
+        """Call ``timer`` with ``timeline.now()`` of each synchronized step's first gradient
+        once the step's backward and communication are done (the autotuner's measure)."""
+        self.timer = timer
+
+    def stop_timing(self) -> None:
+        """No more calls of the timer (the autotuner has chosen)."""
+        self.timer = None
+
+    def close(self) -> None:
+        """Remove the autograd hooks and free what the transport made for itself.
+
+        .. warning:: Collective where ``HPCDDP_DEBUG=detail`` (``Transport.close``).
+        """
+        self.remove_hooks()
+        self.transport.close()
+
     def remove_hooks(self) -> None:
         for hook in self._hooks:
             hook.remove()

@@ -259,6 +259,14 @@ class Search:
             candidate = setting._replace(first_mb=ladder[at])
         return None if candidate in self.trials else candidate
 
+    def settle_on(self, setting: Setting) -> None:
+        """Stop searching and keep ``setting`` (a choice made before, from a checkpoint)."""
+        self.done, self.current = True, setting
+
+    def stop(self) -> None:
+        """Stop searching; ``best_setting`` is the choice."""
+        self.done = True
+
     def _finish(self) -> None:
         if (self._confirming is None and self._reserve and self.best is not None
                 and self.best.setting != self.start and self.start in self.trials
