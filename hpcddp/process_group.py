@@ -31,7 +31,7 @@ from mpi4py import MPI
 from hpcddp.comm import activity, lifetime
 from hpcddp.comm.ops import mpi_op
 from hpcddp.comm.serial import mpi_lock
-from hpcddp.transport import Transfer, Transport
+from hpcddp.transport import Transfer, Transport, reads, updates, writes
 from hpcddp.transport.layout import (
     check_parts, counts_and_displs, in_place_chunk, overlaps, split_counts, unflatten_into,
     unstack_into)
@@ -199,12 +199,12 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
         check_parts("all_gather_into_tensor", "output", output, "input", tensor, self.comm.size)
         if in_place_chunk(output, tensor, self.comm.rank):
             # FSDP2 gathers each rank's shard from its own place in the output.
-            transfer = self._submit(label, [(output, True, True)],
+            transfer = self._submit(label, [updates(output)],
                                     lambda dst: self.comm.Iallgather(MPI.IN_PLACE, dst.buf))
         else:
             if overlaps(output, tensor):
                 tensor = tensor.clone()
-            transfer = self._submit(label, [(tensor, True, False), (output, False, True)],
+            transfer = self._submit(label, [reads(tensor), writes(output)],
                                     lambda src, dst: self.comm.Iallgather(src.buf, dst.buf))
         return transfer.then(then) if then else transfer
 
@@ -213,7 +213,7 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
         counts = counts_and_displs([t.numel() for t in outputs])
         flat = tensor.new_empty(sum(counts[0]))
         transfer = self._submit(_label("allgather (uneven)", tensor),
-                                [(tensor, True, False), (flat, False, True)],
+                                [reads(tensor), writes(flat)],
                                 lambda src, dst: self.comm.Iallgatherv(src.buf, [dst.buf, counts]),
                                 call=f"allgather (uneven) of {str(tensor.dtype)[6:]}")
         return transfer.then(lambda: unflatten_into(flat, outputs))
@@ -254,14 +254,14 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
                 return self.comm.Ireduce_scatter(src.buf, dst.buf, counts,
                                                  op=mpi_op(name, dst.kind))
             return self._submit(_label(f"reduce_scatter ({name}, uneven)", output),
-                                [(tensor, True, False), (output, False, True)], uneven,
+                                [reads(tensor), writes(output)], uneven,
                                 call=f"reduce_scatter ({name}, uneven) of "
                                      f"{str(tensor.dtype)[6:]}")
 
         def issue(src, dst):
             return self.comm.Ireduce_scatter_block(src.buf, dst.buf, op=mpi_op(name, dst.kind))
         return self._submit(_label(f"reduce_scatter ({name})", output),
-                            [(tensor, True, False), (output, False, True)], issue)
+                            [reads(tensor), writes(output)], issue)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.ReduceScatterOptions()
@@ -287,11 +287,11 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
         root, tensor = opts.rootRank, input_tensors[0]
         label = _label(f"gather to rank {root}", tensor)
         if self.comm.rank != root:
-            transfer = self._submit(label, [(tensor, True, False)],
+            transfer = self._submit(label, [reads(tensor)],
                                     lambda src: self.comm.Igather(src.buf, None, root=root))
             return self._work([transfer], [])
         gathered = tensor.new_empty((self.comm.size,) + tuple(tensor.shape))
-        transfer = self._submit(label, [(tensor, True, False), (gathered, False, True)],
+        transfer = self._submit(label, [reads(tensor), writes(gathered)],
                                 lambda src, dst: self.comm.Igather(src.buf, dst.buf, root=root))
         transfer.then(lambda: unstack_into(gathered, output_tensors[0]))
         return self._work([transfer], list(output_tensors[0]))
@@ -301,11 +301,11 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
         root, output = opts.rootRank, output_tensors[0]
         label = _label(f"scatter from rank {root}", output)
         if self.comm.rank != root:
-            transfer = self._submit(label, [(output, False, True)],
+            transfer = self._submit(label, [writes(output)],
                                     lambda dst: self.comm.Iscatter(None, dst.buf, root=root))
             return self._work([transfer], [output])
         stacked = torch.stack(list(input_tensors[0]))
-        transfer = self._submit(label, [(stacked, True, False), (output, False, True)],
+        transfer = self._submit(label, [reads(stacked), writes(output)],
                                 lambda src, dst: self.comm.Iscatter(src.buf, dst.buf, root=root))
         return self._work([transfer], [output])
 
@@ -321,7 +321,7 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
                 return self.comm.Ialltoallv([src.buf, send], [dst.buf, recv])
         # With split sizes each rank's input may differ: only the dtype must agree.
         transfer = self._submit(_label("all_to_all", input),
-                                [(input, True, False), (output, False, True)], issue,
+                                [reads(input), writes(output)], issue,
                                 call=f"all_to_all of {str(input.dtype)[6:]}")
         return self._work([transfer], [output])
 
@@ -334,7 +334,7 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
         def issue(src, dst):
             return self.comm.Ialltoallv([src.buf, send], [dst.buf, recv])
         transfer = self._submit(_label("all_to_all", flat_in),
-                                [(flat_in, True, False), (flat_out, False, True)], issue,
+                                [reads(flat_in), writes(flat_out)], issue,
                                 call=f"all_to_all of {str(flat_in.dtype)[6:]}")
         transfer.then(lambda: unflatten_into(flat_out, output_tensors))
         return self._work([transfer], list(output_tensors))
@@ -353,7 +353,7 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
 
     def send(self, tensors, dstRank, tag):
         self._check_tag(tag, f"send to rank {dstRank}")
-        transfers = [self._submit(_label(f"send to rank {dstRank}", t), [(t, True, False)],
+        transfers = [self._submit(_label(f"send to rank {dstRank}", t), [reads(t)],
                                   lambda b: self.comm.Isend(b.buf, dest=dstRank, tag=tag),
                                   call=None)
                      for t in tensors]
@@ -362,7 +362,7 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
     def recv(self, tensors, srcRank, tag):
         self._check_tag(tag, f"receive from rank {srcRank}")
         transfers = [self._submit(_label(f"receive from rank {srcRank}", t),
-                                  [(t, False, True)],
+                                  [writes(t)],
                                   lambda b: self.comm.Irecv(b.buf, source=srcRank, tag=tag),
                                   call=None)
                      for t in tensors]
@@ -376,7 +376,7 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
         def issue(b):
             return _StatusRequest(self.comm.Irecv(b.buf, source=MPI.ANY_SOURCE, tag=tag), status)
         transfer = self._submit(_label("receive from any rank", tensors[0]),
-                                [(tensors[0], False, True)], issue, call=None)
+                                [writes(tensors[0])], issue, call=None)
         transfer.then(lambda: setattr(transfer, "result", status.Get_source()))
         return self._work([transfer], list(tensors), RecvWork)
 

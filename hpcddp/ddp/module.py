@@ -156,8 +156,10 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
                 broadcast_tensors(self._control_transport, [p.detach() for _, p in named] +
                                   [b.detach() for b in self._buffers_to_sync])
             self.reducer = Reducer(named, self._comm, self._control, self._cap_bytes,
-                                   find_unused_parameters, static_graph,
-                                   gradient_as_bucket_view, world.cuda_aware,
+                                   find_unused_parameters=find_unused_parameters,
+                                   static_graph=static_graph,
+                                   gradient_as_bucket_view=gradient_as_bucket_view,
+                                   cuda_aware=world.cuda_aware,
                                    progress_thread=get_setting("PROGRESS_THREAD"),
                                    staging_chunk_bytes=get_setting("STAGING_CHUNK_KB") << 10,
                                    reduction=world.reduction,

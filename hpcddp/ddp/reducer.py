@@ -68,9 +68,10 @@ class Reducer:
     reentrant checkpointing, is fine) and treat parameters never used as ready at once.
     """
 
-    def __init__(self, named_params, comm, control, cap_bytes, find_unused_parameters=False,
-                 static_graph=False, gradient_as_bucket_view=False, cuda_aware=False,
-                 progress_thread=False, staging_chunk_bytes=4 << 20, reduction="mpi",
+    def __init__(self, named_params, comm, control, cap_bytes, *,
+                 find_unused_parameters=False, static_graph=False,
+                 gradient_as_bucket_view=False, cuda_aware=False, progress_thread=False,
+                 staging_chunk_bytes=4 << 20, reduction="mpi",
                  first_cap_bytes=FIRST_BUCKET_BYTES, solo_bytes=SOLO_BYTES, sparse=()):
         self.names = [name for name, _ in named_params]
         self.params = [param for _, param in named_params]

@@ -24,7 +24,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from hpcddp.comm import lifetime
 from hpcddp.groups import comm_of
 from hpcddp.runtime import get_world
-from hpcddp.transport import Transport
+from hpcddp.transport import Transport, reads, writes
 
 __all__ = ["SyncBatchNorm"]
 
@@ -69,7 +69,7 @@ def _allgather(transport, tensor: torch.Tensor) -> torch.Tensor:
     gathered = tensor.new_empty((comm.size,) + tuple(tensor.shape))
     return transport.submit(
         f"SyncBatchNorm statistics of {tensor.numel()} values",
-        [(tensor, True, False), (gathered, False, True)],
+        [reads(tensor), writes(gathered)],
         lambda src, dst: comm.Iallgather(src.buf, dst.buf), result=gathered).wait()
 
 

@@ -12,7 +12,8 @@ this way.
 
 from hpcddp.transport.routes import Binding, DeviceRoute, HostRoute, Route
 from hpcddp.transport.staging import StagedRoute
+from hpcddp.transport.transfer import Use, reads, updates, writes
 from hpcddp.transport.transport import Transfer, Transport
 
 __all__ = ["Binding", "DeviceRoute", "HostRoute", "Route", "StagedRoute", "Transfer",
-           "Transport"]
+           "Transport", "Use", "reads", "updates", "writes"]

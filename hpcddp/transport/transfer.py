@@ -6,7 +6,9 @@ it, records the events a consumer stream waits for, and returns borrowed buffers
 """
 
 import functools
-from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, List, NamedTuple, Optional, Sequence
+
+import torch
 
 from mpi4py import MPI
 
@@ -17,9 +19,32 @@ from hpcddp.transport.routes import Binding, Route
 if TYPE_CHECKING:  # the transport imports this module
     from hpcddp.transport.transport import Transport
 
-__all__ = ["Transfer"]
+__all__ = ["Transfer", "Use", "reads", "updates", "writes"]
 
 Issue = Callable[..., "MPI.Request"]
+
+
+class Use(NamedTuple):
+    """How one MPI operation uses a tensor: whether MPI reads it, writes it, or both."""
+
+    tensor: torch.Tensor
+    read: bool
+    write: bool
+
+
+def reads(tensor: torch.Tensor) -> Use:
+    """MPI reads ``tensor`` (a send buffer)."""
+    return Use(tensor, read=True, write=False)
+
+
+def writes(tensor: torch.Tensor) -> Use:
+    """MPI writes ``tensor`` (a receive buffer)."""
+    return Use(tensor, read=False, write=True)
+
+
+def updates(tensor: torch.Tensor) -> Use:
+    """MPI reads ``tensor`` and writes the result into it (in place)."""
+    return Use(tensor, read=True, write=True)
 
 
 class _Piece:

@@ -13,7 +13,7 @@ new ones, and a wait lets go of it between polls.
 """
 
 from collections import deque
-from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, List, Optional, Sequence
 
 import torch
 
@@ -25,7 +25,7 @@ from hpcddp.transport.choice import Reductions
 from hpcddp.transport.reductions import Reduction
 from hpcddp.transport.routes import DeviceRoute, HostRoute, Route
 from hpcddp.transport.staging import StagedRoute
-from hpcddp.transport.transfer import Issue, Transfer, _Piece
+from hpcddp.transport.transfer import Issue, Transfer, Use, _Piece
 
 __all__ = ["Transfer", "Transport"]
 
@@ -127,17 +127,18 @@ class Transport:
         """Start overwriting ``tensor`` with rank ``root``'s on every rank."""
         is_root = self.comm.rank == root
         name = name or f"broadcast of {tensor.numel()} {_dtype(tensor)} from rank {root}"
-        return self.submit(name, [(tensor, is_root, not is_root)],
+        return self.submit(name, [Use(tensor, read=is_root, write=not is_root)],
                            lambda b: self.comm.Ibcast(b.buf, root=root), result=tensor,
                            call=f"broadcast from rank {root} of {_shape(tensor)}")
 
-    def submit(self, name: str, tensors: Sequence[Tuple[torch.Tensor, bool, bool]],
+    def submit(self, name: str, tensors: Sequence[Use],
                issue: Issue, result=None, call: Optional[str] = "") -> Transfer:
         """Start one MPI operation on ``tensors``.
 
         Args:
             name: what it is, for messages.
-            tensors: ``(tensor, read, write)`` for each tensor MPI touches.
+            tensors: a ``Use`` (``reads``, ``writes``, ``updates``) of each tensor MPI
+                touches.
             issue: called with one ``Binding`` per tensor once all are ready; returns
                 the MPI request.
             result: what the transfer's ``wait()`` returns.
