@@ -39,6 +39,10 @@ class Channel:
         self.name, self.members = name, members
         self.count = self.step = 0
 
+    def begin_step(self) -> None:
+        """Count one synchronized backward pass of a DDP model, started now."""
+        self.step += 1
+
     def issue(self, what: str) -> int:
         """Count one collective, ``what``, issued now; return its sequence number."""
         self.count += 1

@@ -196,7 +196,7 @@ class Reducer:
         self._armed, self._sync, self._callback_queued = True, sync, False
         if not sync:
             return
-        self.transport.channel.step += 1  # for the watchdog's report of uneven inputs
+        self.transport.channel.begin_step()  # for the watchdog's report of uneven inputs
         self._used[:] = 0
         self._fires[:] = 0
         self._twice = []
@@ -335,7 +335,7 @@ class Reducer:
         .. warning:: Collective, matching one synchronized backward elsewhere.
         """
         shadows = self._shadow_buckets()
-        self.transport.channel.step += 1
+        self.transport.channel.begin_step()
         for bucket in shadows:
             bucket.storage.zero_()
             bucket.start(self.hook)
