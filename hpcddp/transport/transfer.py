@@ -6,7 +6,7 @@ it, records the events a consumer stream waits for, and returns borrowed buffers
 """
 
 import functools
-from typing import TYPE_CHECKING, Callable, List, NamedTuple, Optional, Sequence
+from typing import Callable, List, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -15,9 +15,6 @@ from mpi4py import MPI
 from hpcddp.comm import serial, timeline
 from hpcddp.comm.handle import Handle
 from hpcddp.transport.routes import Binding, Route
-
-if TYPE_CHECKING:  # the transport imports this module
-    from hpcddp.transport.transport import Transport
 
 __all__ = ["Transfer", "Use", "reads", "updates", "writes"]
 
@@ -88,11 +85,20 @@ class Transfer(Handle):
     Created by the ``Transport``; it issues the pieces, ``wait()`` completes them and
     makes the caller's current CUDA stream wait for the copies back. ``result`` is what
     ``wait()`` returns (the reduced tensor, or the operation's output tensors).
+
+    Args:
+        transport: the ``Transport`` that made it, which it asks to ``advance``, to
+            ``issue_through`` a piece and to ``forget_done`` (not imported here: the
+            transport imports this module).
+        route: the route of its tensors.
+        name: for messages.
+        result: what ``wait()`` returns.
+        lane: the timeline's lane for its spans.
     """
 
     __slots__ = ("transport", "route", "pieces", "_streams", "_events", "lane")
 
-    def __init__(self, transport: "Transport", route: Route, name: str, result=None,
+    def __init__(self, transport, route: Route, name: str, result=None,
                  lane: int = timeline.TORCH):
         super().__init__(name=name, result=result, lock=transport.lock)
         self.transport, self.route, self.lane = transport, route, lane
