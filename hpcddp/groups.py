@@ -7,6 +7,7 @@ import torch.distributed as dist
 
 from hpcddp.process_group import BACKEND, MPIProcessGroup
 from hpcddp.shared_store import forget_shared_store, shared_store
+from hpcddp.torch_compat import backend_of
 
 __all__ = ["comm_of", "destroy_default_group", "group_for", "init_default_group"]
 
@@ -17,7 +18,7 @@ def comm_of(group):
     backend = group
     if not isinstance(group, MPIProcessGroup):
         try:
-            backend = group._get_backend(torch.device("cpu"))
+            backend = backend_of(group, torch.device("cpu"))
         except RuntimeError:
             backend = None
     if not isinstance(backend, MPIProcessGroup):

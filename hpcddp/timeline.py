@@ -12,6 +12,7 @@ from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                    register_optimizer_step_pre_hook)
 
 from hpcddp.comm import timeline
+from hpcddp.torch_compat import profiler_check
 
 __all__ = ["connect", "start_timeline"]
 
@@ -21,7 +22,7 @@ _hooked = []
 
 def connect() -> None:
     """Mirror hpcddp's spans into torch.profiler traces while it runs."""
-    timeline.mirror(torch.autograd._profiler_enabled, torch.profiler.record_function)
+    timeline.mirror(profiler_check(), torch.profiler.record_function)
 
 
 def _before_step(optimizer, args, kwargs):

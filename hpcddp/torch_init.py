@@ -28,6 +28,7 @@ from urllib.parse import parse_qs, urlparse
 
 from hpcddp.env import ConfigError, detect_launcher
 from hpcddp.env.config import LOADER_WORKER_VARIABLE
+from hpcddp.torch_compat import default_group, rendezvous_handlers
 
 __all__ = ["BACKEND", "TrainingAloneError", "names_hpcddp", "register", "watch_for_training_alone"]
 
@@ -63,7 +64,7 @@ def register() -> None:
         dist.Backend.register_backend(BACKEND, _create_group, extended_api=True,
                                       devices=["cpu", "cuda"])
     # (torch.distributed's own name "rendezvous" is the function, not the module.)
-    handlers = sys.modules["torch.distributed.rendezvous"]._rendezvous_handlers
+    handlers = rendezvous_handlers()
     handlers["env"] = functools.partial(_env_rendezvous, handlers["env"])
     wrapped = _init_once(dist.distributed_c10d.init_process_group)
     dist.init_process_group = dist.distributed_c10d.init_process_group = wrapped
@@ -149,7 +150,7 @@ def _init_once(torch_init):
 
     @functools.wraps(torch_init)
     def init_process_group(backend=None, *args, **kwargs):
-        default = sys.modules["torch.distributed.distributed_c10d"]._world.default_pg
+        default = default_group()
         if default is not None and names_hpcddp(backend) and _is_hpcddp(default):
             world = _load("hpcddp.runtime").get_world()
             _check_given(world, kwargs.get("rank"), kwargs.get("world_size"))

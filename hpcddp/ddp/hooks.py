@@ -19,6 +19,7 @@ from typing import Dict, List
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from hpcddp.torch_compat import future_base
 from hpcddp.transport import Transfer
 from hpcddp.work import deferred_futures, settle
 
@@ -129,7 +130,7 @@ class FutureHook:
         works: List = []
         with deferred_futures(works):
             future = self.hook(self.state, bucket)
-        if not isinstance(future, torch._C.Future):  # torch.futures.Future or its C base
+        if not isinstance(future, future_base()):  # torch.futures.Future or its C base
             settle(works)
             raise TypeError(f"the DDP communication hook {_name(self.hook)} returned "
                             f"{type(future).__name__}; a hook returns a "

@@ -32,6 +32,7 @@ from hpcddp.ddp.bucket import GradBucket
 from hpcddp.ddp.buckets import FIRST_BUCKET_BYTES, SOLO_BYTES, ParamSpec, assign_buckets
 from hpcddp.ddp.hooks import AllreduceMean, hook_for
 from hpcddp.ddp.sparse import allreduce_sparse
+from hpcddp.torch_compat import queue_backward_callback
 from hpcddp.transport import Transport
 
 __all__ = ["Reducer"]
@@ -218,7 +219,7 @@ class Reducer:
         if not (self._armed and self._sync):
             return  # no_sync: gradients accumulate locally, nothing is communicated
         if not self._callback_queued:
-            torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
+            queue_backward_callback(self._finalize)
             self._callback_queued, self._backward_began = True, timeline.now()
         if self.static_graph:
             self._fires[index] += 1

@@ -19,11 +19,11 @@ from typing import Dict, Optional
 import torch
 from mpi4py import MPI
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from hpcddp.comm import lifetime
 from hpcddp.groups import comm_of
 from hpcddp.runtime import get_world
+from hpcddp.torch_compat import batchnorm_base
 from hpcddp.transport import Transport, reads, writes
 
 __all__ = ["SyncBatchNorm"]
@@ -127,6 +127,9 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             grad_weight = sum_dy_xmu * invstd if ctx.needs_input_grad[1] else None
             grad_bias = sum_dy if ctx.needs_input_grad[2] else None
         return grad_x, grad_weight, grad_bias, None, None, None, None, None
+
+
+_BatchNorm = batchnorm_base()
 
 
 class SyncBatchNorm(_BatchNorm):

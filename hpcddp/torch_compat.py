@@ -1,0 +1,59 @@
+"""Every private name of torch that hpcddp uses, in one place, and what each is for.
+
+torch promises nothing about these names; a release that moves one breaks hpcddp here
+and only here. Each was checked on torch 2.13, the oldest torch setup.cfg allows. torch
+itself is imported only when a function is called: ``hpcddp.torch_init`` uses this
+module before torch.distributed has finished importing.
+"""
+
+import sys
+
+__all__ = ["backend_of", "batchnorm_base", "default_group", "future_base",
+           "profiler_check", "queue_backward_callback", "rendezvous_handlers"]
+
+
+def future_base():
+    """``torch._C.Future``: the C base of ``torch.futures.Future``, which futures made in
+    C++ (a ``Work``'s ``get_future()``) are instances of; a comm hook may return either."""
+    import torch
+    return torch._C.Future
+
+
+def queue_backward_callback(callback) -> None:
+    """Run ``callback`` once the autograd engine finishes the current backward pass, as
+    torch's own DDP reducer does (``Variable._execution_engine.queue_callback``)."""
+    import torch
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+def profiler_check():
+    """``torch.autograd._profiler_enabled``: the cheap test of whether a profiler
+    records, made before each span the timeline mirrors into torch's traces."""
+    import torch
+    return torch.autograd._profiler_enabled
+
+
+def rendezvous_handlers() -> dict:
+    """torch.distributed's table of rendezvous handlers by URL scheme: the ``env``
+    entry is wrapped (``hpcddp.torch_init``), since ``register_rendezvous_handler``
+    refuses a scheme that is already registered."""
+    return sys.modules["torch.distributed.rendezvous"]._rendezvous_handlers
+
+
+def default_group():
+    """torch.distributed's default process group, or None, read without the error
+    ``dist.group.WORLD`` raises before ``init_process_group``."""
+    return sys.modules["torch.distributed.distributed_c10d"]._world.default_pg
+
+
+def backend_of(group, device):
+    """The backend object behind ``group`` for ``device`` (``ProcessGroup._get_backend``):
+    an hpcddp group is an ``MPIProcessGroup`` there."""
+    return group._get_backend(device)
+
+
+def batchnorm_base():
+    """``torch.nn.modules.batchnorm._BatchNorm``, the base of every BatchNorm layer, which
+    ``SyncBatchNorm`` derives from and converts."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+    return _BatchNorm
