@@ -70,11 +70,13 @@ _SETTINGS = {
         ("exit", "init", "off")),
     "INFLIGHT_MB": _Setting(
         "int", 32,
-        "The most megabytes of tensors one communicator has in MPI operations at once; "
-        "an operation that would pass it is issued, in its turn, once earlier ones "
-        "complete (one always goes, whatever its size). MPI's non-blocking allreduce "
-        "keeps scratch as large as its message, so this bounds the memory reductions in "
-        "flight take beside the gradients. 0: no bound."),
+        "The most megabytes of host memory (tensors on the CPU, pinned staging buffers) "
+        "one communicator has in MPI operations at once; an operation that would pass "
+        "it is issued, in its turn, once earlier ones complete (one always goes, "
+        "whatever its size). MPI's non-blocking allreduce keeps scratch as large as its "
+        "message, so this bounds the memory reductions in flight take beside the "
+        "gradients. Device buffers handed to a CUDA-aware MPI are not counted. 0: no "
+        "bound."),
     "NUM_THREADS": _Setting(
         "int", 0,
         "torch intra-op threads per rank; 0 means the cores available to this rank "

@@ -58,7 +58,10 @@ class _Piece:
 
     def __init__(self, name: str, lane: int, bindings: Sequence[Binding], issue_fn: Issue):
         self.name, self.lane, self.bindings, self.issue_fn = name, lane, list(bindings), issue_fn
-        self.nbytes = sum(getattr(b.memory, "nbytes", 0) for b in self.bindings)
+        # Host bytes MPI works on (device buffers are not counted: on a GPU the transport
+        # keeps no more in flight than before; the bound was measured on host memory).
+        self.nbytes = sum(getattr(b.memory, "nbytes", 0) for b in self.bindings
+                          if not getattr(b.memory, "is_cuda", False))
         self.request: Optional[MPI.Request] = None
         self.done = False      # MPI has completed the request
         self.finished = False  # its result has been brought back

@@ -42,9 +42,10 @@ class Transport:
         reduction: how an allreduce is carried out at first: ``"mpi"`` (MPI's
             ``Iallreduce``), ``"ring"`` (hpcddp's ring of point-to-point, ``ring.py``) or
             ``"node"`` (``node_aware.py``); ``choice.py`` picks per buffer.
-        inflight_bytes: the most bytes of tensors in issued, uncompleted operations; a
-            piece that would pass it waits its turn until earlier ones complete (one may
-            always be in flight). None: ``HPCDDP_INFLIGHT_MB``; 0: no bound.
+        inflight_bytes: the most bytes of host memory in issued, uncompleted operations
+            (device buffers are not counted); a piece that would pass it waits its turn
+            until earlier ones complete (one may always be in flight). None:
+            ``HPCDDP_INFLIGHT_MB``; 0: no bound.
 
     Example::
 
