@@ -111,6 +111,35 @@ def _ranks_left(cluster):
     return {node: len(alive(node)) for node in cluster.nodes}
 
 
+class _OthersWatch:
+    """Notes MPI jobs other than this run's (another launcher on the machine) while it
+    runs: their MPICH segments pass through the shared ``/dev/shm`` too, so a run that
+    saw one cannot say which segments its own end left (counted apart)."""
+
+    LAUNCHERS = re.compile(r"(^|/)(mpiexec|mpirun|mpiexec\.hydra|hydra_pmi_proxy|prterun)\x00")
+
+    def __init__(self, ours: int):
+        self.ours, self.seen, self._stop = ours, False, threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self):
+        while not self._stop.wait(0.5):
+            for entry in Path("/proc").iterdir():
+                if not entry.name.isdigit() or not self.LAUNCHERS.search(_cmdline(entry.name)):
+                    continue
+                try:
+                    if os.getsid(int(entry.name)) != self.ours:
+                        self.seen = True
+                except OSError:
+                    pass
+
+    def stop(self) -> bool:
+        self._stop.set()
+        self._thread.join()
+        return self.seen
+
+
 def _cmdline(pid):
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
@@ -171,6 +200,7 @@ def one_run(cluster, layout, kind, level, workdir, reference, rng):
     before = _segments()
     job = Job(cluster, layout, [ckpt, steps, "--trigger", trigger, "--victim", rank,
                                 "--act", "slow" if kind == "slow" else "stuck"], env)
+    others = _OthersWatch(job.proc.pid)  # the job's launcher leads its own session
     if not job.seen.wait(180):
         job.end(1)
         raise RuntimeError(f"the job never reached step 20:\n{job.text[-3000:]}")
@@ -183,6 +213,7 @@ def one_run(cluster, layout, kind, level, workdir, reference, rng):
     left = _ranks_left(cluster)
     new = {k: v for k, v in _segments().items() if k not in before}
     record = {"kind": kind, "rc": rc, "hung": hung, "seconds": round(took, 1),
+              "machine_shared": others.stop(),
               "crashed": bool(CRASH.search(text)), "named": _named(kind, text, victim, rank, ranks),
               "ranks_left": left, "shm_segments_left": len(new),
               "shm_bytes_left": sum(new.values())}
@@ -235,8 +266,13 @@ def summarize(records):
             "ended_within_timeout_plus_30": None if any(r["kind"] == "slow" for r in records)
             else sum(r["seconds"] <= TIMEOUT + 30 for r in records),
             "ranks_left": sum(sum(r["ranks_left"].values()) for r in records),
-            "shm_segments_left": sum(r["shm_segments_left"] for r in records),
-            "shm_bytes_left": sum(r["shm_bytes_left"] for r in records),
+            # Segments only where no other MPI job ran beside the run (it would leave
+            # its own there for a while: hpcddp removes a job's once all its ranks are in).
+            "shm_segments_left": sum(r["shm_segments_left"] for r in records
+                                     if not r.get("machine_shared")),
+            "shm_bytes_left": sum(r["shm_bytes_left"] for r in records
+                                  if not r.get("machine_shared")),
+            "runs_beside_other_mpi_jobs": sum(bool(r.get("machine_shared")) for r in records),
             "identical": sum(r["identical"] for r in records)}
 
 
