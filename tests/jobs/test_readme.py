@@ -58,3 +58,11 @@ def test_a_shell_block_runs_as_written(index, tmp_path):
                       cwd=tmp_path)
     assert job.returncode == 0, f"{where}:\n{script}\n{job.output[-3000:]}"
     assert not job.timed_out
+
+
+def test_the_readmes_links_lead_to_files_in_the_checkout():
+    # The docs' own links are checked by `make docs` (MkDocs, --strict); the README's here.
+    links = re.findall(r"\]\(([^)\s]+)\)", (ROOT / "README.md").read_text())
+    local = [link.split("#")[0] for link in links if "://" not in link and link[0] != "#"]
+    assert local, "the README links to the docs"
+    assert [link for link in local if not (ROOT / link).exists()] == []
