@@ -176,16 +176,19 @@ class TrainingAloneError(RuntimeError):
 def watch_for_training_alone() -> None:
     """Check once, at the first optimizer step of this process, that a rank of a job of
     several is not training alone (``refuse_training_alone``). The hook is torch's
-    global optimizer step pre-hook, removed at that first step."""
+    global optimizer step pre-hook; after the first step it returns at once. (It cannot
+    remove itself: torch iterates over the global hooks while it runs them, and another
+    global hook, the timeline's, would see that dict change.)"""
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-    handles = []
+    checked = []
 
     def first_step(optimizer, args, kwargs):
-        handles.pop().remove()
-        refuse_training_alone()
+        if not checked:
+            checked.append(True)
+            refuse_training_alone()
 
-    handles.append(register_optimizer_step_pre_hook(first_step))
+    register_optimizer_step_pre_hook(first_step)
 
 
 def refuse_training_alone() -> None:
