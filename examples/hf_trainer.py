@@ -102,6 +102,10 @@ def main():
             (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
             torch.save({k: v.detach().cpu() for k, v in trainer.model.state_dict().items()},
                        out / "weights.pt")
+    if dist.is_initialized():
+        # gloo's worker threads, still alive at interpreter teardown, can abort a rank
+        # ("terminate called without an active exception"): end the group first.
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
