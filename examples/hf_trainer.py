@@ -21,6 +21,7 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -102,9 +103,19 @@ def main():
             (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
             torch.save({k: v.detach().cpu() for k, v in trainer.model.state_dict().items()},
                        out / "weights.pt")
+    if args.reference:
+        # torch's gloo group, torn down at exit, aborted a rank now and then ("terminate
+        # called without an active exception"), and destroyed explicitly it deadlocked
+        # now and then (~ProcessGroupGloo joining its run-loop thread, which waits for the
+        # GIL the destructor holds). The reference's results are written: leave without it.
+        from mpi4py import MPI
+        dist.barrier()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Barrier()
+        MPI.Finalize()
+        os._exit(0)
     if dist.is_initialized():
-        # gloo's worker threads, still alive at interpreter teardown, can abort a rank
-        # ("terminate called without an active exception"): end the group first.
         dist.destroy_process_group()
 
 
