@@ -70,4 +70,6 @@ def test_any_source_receives_on_two_nodes_and_mpich_ucx_loses_them_on_three(clus
     if nodes == 2:
         assert job.returncode == 0 and "every receive arrived" in job.stdout, job.output[-2000:]
     else:
-        assert job.returncode != 0 and "lost at iteration" in job.stdout, job.output[-2000:]
+        # The abort's status says it too: a line printed just before MPI_Abort on another
+        # node can be cut off on its way to the launcher (seen once).
+        assert job.returncode == 3 or "lost at iteration" in job.stdout, job.output[-2000:]

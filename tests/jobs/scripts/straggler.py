@@ -17,7 +17,7 @@ model = hpcddp.DistributedDataParallel(nn.Sequential(nn.Linear(32, 64), nn.ReLU(
                                                      nn.Linear(64, 4)))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 for step in range(60):
-    time.sleep(0.020 if world.rank == slow else 0.004)  # the step's own work
+    time.sleep(0.075 if world.rank == slow else 0.015)  # the step's own work
     x = torch.randn(8, 32, generator=torch.Generator().manual_seed(step * 10 + world.rank))
     loss = F.mse_loss(model(x), torch.zeros(8, 4))
     optimizer.zero_grad()
