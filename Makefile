@@ -85,8 +85,8 @@ test-mpi: venv
 	HPCDDP_REDUCE=ring $(MPI_TIMEOUT) $(MPIEXEC) -n 3 $(PY) -m pytest -p hpcddp.testing $(RING_TESTS)
 
 # A slow target (CI runs it after `make test`): the MPI suites and the whole-job tests
-# again at MPI_THREAD_SERIALIZED, where hpcddp's threads enter MPI one at a time
-# (hpcddp/comm/serial.py); only the loader's mpio prefetch gives way there, and says so.
+# again at MPI_THREAD_SERIALIZED, where one thread of each rank, hpcddp's MPI thread,
+# makes every MPI call (hpcddp/comm/owner.py).
 SERIALIZED := MPI4PY_RC_THREAD_LEVEL=serialized
 test-serialized: venv
 	$(SERIALIZED) $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m pytest -p hpcddp.testing tests/mpi

@@ -17,11 +17,11 @@ _PUBLIC = {
     "Preemption": "hpcddp.preemption",
     "SyncBatchNorm": "hpcddp.ddp.syncbn",
     "fp16_compress_hook": "hpcddp.ddp.hooks", "bf16_compress_hook": "hpcddp.ddp.hooks",
-    "mpi_lock": "hpcddp.comm.serial",
+    "mpi_call": "hpcddp.comm.serial",
 }
 
 __all__ = ["DistributedDataParallel", "DistributedSampler", "Preemption", "SyncBatchNorm", "World", "__version__",
-           "bf16_compress_hook", "fp16_compress_hook", "get_world", "init", "mpi_lock",
+           "bf16_compress_hook", "fp16_compress_hook", "get_world", "init", "mpi_call",
            "shutdown"]
 
 __getattr__, __dir__ = lazy_names(__name__, _PUBLIC)

@@ -30,7 +30,7 @@ from mpi4py import MPI
 
 from hpcddp.comm import activity, lifetime
 from hpcddp.comm.ops import mpi_op
-from hpcddp.comm.serial import mpi_lock
+from hpcddp.comm.serial import mpi_call
 from hpcddp.transport import Transfer, Transport, reads, updates, writes
 from hpcddp.transport.layout import (
     check_parts, counts_and_displs, in_place_chunk, overlaps, split_counts, unflatten_into,
@@ -370,8 +370,7 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
 
     def recv_anysource(self, tensors, tag):
         self._check_tag(tag, "receive from any rank")
-        with mpi_lock:  # even a Status is made with MPI calls
-            status = MPI.Status()
+        status = mpi_call(MPI.Status)  # even a Status is made with MPI calls
 
         def issue(b):
             return _StatusRequest(self.comm.Irecv(b.buf, source=MPI.ANY_SOURCE, tag=tag), status)

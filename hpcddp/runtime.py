@@ -209,6 +209,6 @@ def finalize() -> None:
     .. warning:: Collective; MPI cannot be used afterwards in this process.
     """
     shutdown()
-    lifetime.close_all()
+    lifetime.before_finalize()
     if not MPI.Is_finalized():
         MPI.Finalize()

@@ -5,8 +5,8 @@ producer's event). ``wait()`` drives it to completion, and raises ``HandleTimeou
 naming the operation when a timeout runs out. ``get_future()`` returns a
 ``torch.futures.Future`` that hpcddp's progress thread (``hpcddp.comm.progress``)
 completes the moment MPI does, so ``.then()`` chains run without anyone calling
-``wait()``; it tests under ``hpcddp.comm.serial.LOCK``, so ``MPI_THREAD_SERIALIZED`` is
-enough. Below it no helper thread may call MPI, and ``get_future()`` completes the
+``wait()``; its tests are made by hpcddp's MPI thread (``hpcddp.comm.serial``), so
+``MPI_THREAD_SERIALIZED`` is enough. Below it no helper thread may call MPI, and ``get_future()`` completes the
 operation before it returns, with a warning.
 
 Inside a DDP communication hook (``deferred_futures``) a future is completed neither by

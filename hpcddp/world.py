@@ -18,6 +18,7 @@ from hpcddp.comm.agree import decide_on_root
 from hpcddp.comm.cuda_aware import detect_cuda_aware
 from hpcddp.comm.lifetime import Closable, free_comm
 from hpcddp.comm.ranks import by_value, ranks_text
+from hpcddp.comm.serial import serialize
 from hpcddp.comm.threads import thread_level_name
 from hpcddp.comm.topology import clone_comm, forget_segment_names, node_layout
 from hpcddp.env import ConfigError, check_not_singleton, detect_launcher, get_setting
@@ -133,8 +134,8 @@ class World(Closable):
     _what = "hpcddp World"
 
     def __init__(self, comm=None, timeout: Optional[float] = None):
-        parent = MPI.COMM_WORLD if comm is None else comm
-        check_not_singleton(MPI.COMM_WORLD.Get_size())
+        parent = serialize(MPI.COMM_WORLD if comm is None else comm)
+        check_not_singleton(serialize(MPI.COMM_WORLD).size)
         self.parent = parent
         self.comm = clone_comm(parent, timeout=timeout, what="hpcddp.init()")
         activity.set_reference(self.comm)  # reports name ranks of this world

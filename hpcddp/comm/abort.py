@@ -33,7 +33,7 @@ _installed = {}
 ABORT_EXIT_SECONDS = 5.0
 # How long the launcher may take to end the job after MPI_Abort (hpcddp.comm.launcher_guard).
 LAUNCHER_GRACE_SECONDS = 10.0
-# How long an abort waits for another thread to leave MPI (hpcddp.comm.serial).
+# How long an abort waits for hpcddp's MPI thread to take it (hpcddp.comm.serial).
 ABORT_LOCK_SECONDS = 2.0
 
 
@@ -61,20 +61,22 @@ def abort_job(comm, message: str, exc_info=None, code: int = 1, detail: str = ""
 
 
 def _abort(comm, code: int) -> None:
-    """``MPI_Abort``, entered by one thread at a time (``hpcddp.comm.serial``).
+    """``MPI_Abort``, made by hpcddp's MPI thread (``hpcddp.comm.serial``).
 
-    Another thread may hold the lock inside a call that does not return (a blocking
-    collective a lost rank never joins). At ``MPI_THREAD_MULTIPLE`` the abort goes in
-    beside it after a while; below, entering MPI beside it is not allowed (and has crashed
-    ranks), so this process ends itself and its launcher ends the others.
+    That thread may be inside a call that does not return (a blocking collective a lost
+    rank never joins). At ``MPI_THREAD_MULTIPLE`` the abort goes in beside it after a
+    while; below, entering MPI beside it is not allowed (and has crashed ranks), so this
+    process ends itself and its launcher ends the others.
     """
     from mpi4py import MPI
 
     from hpcddp.comm import serial
 
-    if serial.LOCK.acquire(timeout=ABORT_LOCK_SECONDS) or \
-            MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
-        MPI.Comm.Abort(comm, code)
+    try:
+        serial.call(MPI.Comm.Abort, comm, code, timeout=ABORT_LOCK_SECONDS)
+    except serial.OwnerBusy:
+        if MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
+            MPI.Comm.Abort(comm, code)
     os._exit(code)
 
 

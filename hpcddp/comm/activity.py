@@ -19,6 +19,8 @@ from typing import Dict, List, Optional, Tuple
 
 from mpi4py import MPI
 
+from hpcddp.comm import serial
+
 __all__ = ["Channel", "blocking", "channel_for", "current_waits", "forget", "main_stack",
            "set_reference", "share", "snapshot", "waited", "waiting"]
 
@@ -64,18 +66,26 @@ class _State:
 
 _state = _State()
 _MAIN = threading.main_thread().ident
+# The main thread's hand-overs to hpcddp's MPI thread outside its waits count as waits.
+serial.OWNER.counted = lambda: not _state.waits.get(_MAIN)
 
 
 def set_reference(comm) -> None:
     """Report ranks as ranks of ``comm`` (the hpcddp world); None: COMM_WORLD."""
-    _state.reference = None if comm is None else comm.Get_group()
+    _state.reference = None if comm is None else serial.call(MPI.Comm.Get_group, comm)
 
 
 def _members(comm) -> Tuple[int, ...]:
-    reference = _state.reference or MPI.COMM_WORLD.Get_group()
-    group = comm.Get_group()
+    return serial.call(_translated, comm, _state.reference)
+
+
+def _translated(comm, reference) -> Tuple[int, ...]:
+    """``comm``'s ranks as ranks of ``reference`` (on hpcddp's MPI thread)."""
+    reference = reference or MPI.COMM_WORLD.Get_group()
+    group = MPI.Comm.Get_group(comm)
     try:
-        ranks = MPI.Group.Translate_ranks(group, list(range(comm.size)), reference)
+        ranks = MPI.Group.Translate_ranks(group, list(range(MPI.Comm.Get_size(comm))),
+                                          reference)
     finally:
         group.Free()
     return tuple(ranks)
@@ -173,8 +183,9 @@ def blocking(name: str, comm, kind: Optional[str] = None) -> _Wait:
 
 
 def waited() -> float:
-    """Seconds the main thread has spent waiting in hpcddp so far (nested waits once)."""
-    return _state.waited
+    """Seconds the main thread has spent waiting in hpcddp so far (nested waits once),
+    its hand-overs to hpcddp's MPI thread included."""
+    return _state.waited + serial.OWNER.main_blocked
 
 
 def current_waits() -> List[_Wait]:

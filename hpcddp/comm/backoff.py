@@ -42,12 +42,19 @@ class Backoff:
     def pause(self, longest: Optional[float] = None) -> None:
         """Pause before the next poll (not at all during the first ``spins``), never
         longer than ``longest`` seconds where given."""
+        pause = self.next_pause(longest)
+        if self.polls > self.spins:
+            time.sleep(pause)
+
+    def next_pause(self, longest: Optional[float] = None) -> float:
+        """The pause before the next poll, in seconds (0 during the first ``spins``), for
+        a caller that pauses its own way (on a condition a new task cuts short)."""
         self.polls += 1
         if self.polls <= self.spins:
-            return
+            return 0.0
         pause = self._next if longest is None else max(0.0, min(self._next, longest))
-        time.sleep(pause)
         self._next = min(self._next * 2, self.cap)
+        return pause
 
     def reset(self) -> None:
         """Something moved (a piece was issued or completed): poll eagerly again."""

@@ -53,12 +53,18 @@ def query_mpix_cuda_support() -> Optional[bool]:
 
 
 def _memory_alloc_kinds(comm) -> Optional[str]:
+    from hpcddp.comm import serial
+    return serial.call(_info_value, comm, "mpi_memory_alloc_kinds")
+
+
+def _info_value(comm, key: str) -> Optional[str]:
+    """The value of ``key`` in ``comm``'s info (on hpcddp's MPI thread)."""
     try:
-        info = comm.Get_info()
+        info = MPI.Intracomm.Get_info(comm)
     except MPI.Exception:
         return None
     try:
-        return info.Get("mpi_memory_alloc_kinds")
+        return info.Get(key)
     finally:
         info.Free()
 

@@ -32,8 +32,8 @@ class Handle:
         statuses: keep the requests' statuses (for ``source()``).
         name: what the operation is, for messages ("allreduce of 4 float32 ...").
         result: what ``wait()`` returns.
-        lock: held around this handle's MPI calls (``hpcddp.comm.serial.LOCK`` by default:
-            one thread at a time inside MPI).
+        lock: guards the handle's completion (``hpcddp.comm.serial.LOCK`` by default,
+            shared by the threads that may test it).
 
     Example::
 
@@ -58,8 +58,8 @@ class Handle:
         self._keep = list(keep)
         self._callbacks = [] if on_complete is None else [on_complete]
         self._done = False
-        with self._lock:  # even a Status is made with MPI calls
-            self._statuses = [MPI.Status() for _ in self._requests] if statuses else None
+        # Even a Status is made with MPI calls.
+        self._statuses = serial.call(_statuses, len(self._requests)) if statuses else None
 
     def keep_alive(self, *objects) -> "Handle":
         """Hold ``objects`` (more buffers) until the operation completes."""
@@ -88,14 +88,18 @@ class Handle:
         ``test()`` often is what lets communication overlap with computation.
         """
         with self._lock:
-            if not self._done and MPI.Request.Testall(self._requests, self._statuses):
+            if not self._done and serial.call(MPI.Request.Testall, self._requests,
+                                              self._statuses):
                 self._finish()
         return self._done
 
     def _block(self) -> None:
-        """Wait until complete (no timeout), testing under the lock and letting go of it
-        between polls, so that other threads may enter MPI meanwhile."""
-        serial.poll(self.test)
+        """Wait until complete (no timeout): the MPI thread polls the requests while this
+        one sleeps."""
+        serial.wait_all(self._requests, self._statuses)
+        with self._lock:  # tested again, completed requests would overwrite the statuses
+            if not self._done:
+                self._finish()
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Block until the operation completes; return ``result``.
@@ -143,6 +147,10 @@ class Handle:
 
     def __repr__(self):
         return f"<Handle {self.name}: {'done' if self._done else 'pending'}>"
+
+
+def _statuses(count: int):
+    return [MPI.Status() for _ in range(count)]
 
 
 def wait_all(handles: Iterable[Handle]) -> None:

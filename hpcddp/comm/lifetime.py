@@ -15,7 +15,10 @@ from typing import Dict
 
 from mpi4py import MPI
 
-__all__ = ["Closable", "close_all", "free_comm", "open_count", "register", "unregister"]
+from hpcddp.comm.owner import OWNER
+
+__all__ = ["Closable", "before_finalize", "close_all", "free_comm", "open_count", "register",
+           "unregister"]
 
 _open: Dict[int, object] = {}  # insertion order is opening order, the same on every rank
 _lock = threading.Lock()
@@ -70,6 +73,16 @@ def close_all() -> None:
             owner.close()
 
 
+def before_finalize() -> None:
+    """``close_all``, then stop hpcddp's MPI thread: ``MPI_Finalize`` (on the main thread)
+    comes next, with no other thread inside MPI or about to enter it.
+
+    .. warning:: Collective, as ``close_all``.
+    """
+    close_all()
+    OWNER.close()
+
+
 def free_comm(comm) -> None:
     """Free ``comm`` unless it is null or MPI is already finalized."""
     if comm is not None and comm != MPI.COMM_NULL and not MPI.Is_finalized():
@@ -117,4 +130,4 @@ class Closable:
 
 
 # Python's exit handlers run before mpi4py's MPI_Finalize (a Py_AtExit hook).
-atexit.register(close_all)
+atexit.register(before_finalize)

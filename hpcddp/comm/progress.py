@@ -4,8 +4,8 @@ MPI moves data only while some thread is inside the library. A future must compl
 without its owner calling ``wait()`` (torch's ``Future.then`` chains, comm hooks), so a
 daemon thread ``test()``s the handles it watches and calls each one's callback the
 moment it completes. It polls with a short, growing pause while handles are pending
-and sleeps on a condition when none are. A ``Handle`` tests under
-``hpcddp.comm.serial.LOCK``, so ``MPI_THREAD_SERIALIZED`` is enough
+and sleeps on a condition when none are. A ``Handle``'s tests are made by hpcddp's MPI
+thread (``hpcddp.comm.serial``), so ``MPI_THREAD_SERIALIZED`` is enough
 (``hpcddp.comm.threads``).
 """
 
@@ -100,7 +100,8 @@ def on_progress_thread() -> bool:
 
 
 class ProgressPump:
-    """A helper thread that enters MPI's progress engine about every millisecond.
+    """A helper thread that has MPI's progress engine entered about every millisecond
+    (by hpcddp's MPI thread, like every MPI call).
 
     It touches no request (two threads completing one request would race); an
     ``Iprobe`` on the gradient communicator, which carries no point-to-point traffic,

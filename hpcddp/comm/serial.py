@@ -1,32 +1,36 @@
-"""One thread at a time inside MPI.
+"""Every MPI call hpcddp makes goes to one thread, the owner (``hpcddp.comm.owner``).
 
-hpcddp's helper threads (the watchdog, the progress thread that completes futures, the
-progress pump during backward) call MPI while the main thread trains.
-``MPI_THREAD_MULTIPLE`` allows two threads inside MPI at once, but it is the least tested
-path of every MPI (MPICH 5 with UCX over TCP has crashed with SIGSEGV when a link failed
-under two threads), and ``MPI_THREAD_SERIALIZED``, what Cray MPICH provides by default,
-forbids it. So every MPI call hpcddp makes, from any thread, holds ``LOCK``:
+hpcddp's helper threads (the watchdog, the thread that completes futures, the progress
+pump during backward) need MPI while the main thread trains. ``MPI_THREAD_MULTIPLE``
+allows two threads inside MPI at once, but it is the least tested path of every MPI
+(MPICH 5 with UCX over TCP has crashed with SIGSEGV when a link failed under two
+threads), and ``MPI_THREAD_SERIALIZED``, what Cray MPICH provides by default, forbids it.
+So no thread but the owner enters MPI:
 
-- hpcddp's communicators are ``SerialComm``s: each method and attribute takes ``LOCK``
-  for its call. The communicators they make are ``SerialComm``s, the requests they return
-  ``SerialRequest``s.
-- A wait never holds ``LOCK`` while it waits: ``SerialRequest.Wait`` and the blocking
-  buffer collectives (``Barrier``, ``Bcast``, ``Allreduce`` ... run as ``Ibarrier``,
-  ``Ibcast``, ``Iallreduce``) ``Test`` under ``LOCK`` and let go of it between polls, so
-  the watchdog can still ask the other ranks while the main thread waits.
+- hpcddp's communicators are ``SerialComm``s: each method and attribute is a call
+  handed to the owner. The communicators they make are ``SerialComm``s, the requests
+  they return ``SerialRequest``s.
+- A wait is handed over whole: ``SerialRequest.Wait`` and the blocking buffer
+  collectives (``Barrier``, ``Bcast``, ``Allreduce`` ... run as ``Ibarrier``, ``Ibcast``,
+  ``Iallreduce``) are polled by the owner between its other calls, and the waiting
+  thread sleeps until it completes, so the watchdog still asks the other ranks while
+  the main thread waits.
 - MPI calls on other objects (``MPI.Request.Testall`` on a list, a ``Message``, a file)
-  take ``LOCK`` where they are made; ``wait_all`` waits for a list of requests.
+  go through ``call``; ``wait`` and ``wait_all`` wait for requests.
 
 The pickle-based collectives (``bcast``, ``allgather``, ``gather``, ``scatter``,
 ``alltoall``, ``allreduce``, ``reduce``) run as a nonblocking collective of the pickles'
-sizes and one of their bytes, polled the same way; ``recv`` polls a matched probe and
-``Dup`` runs as ``Idup``. The other ways to make a communicator (``Split``,
-``Create_group``) have no nonblocking form and hold ``LOCK`` until they return. Code
-outside hpcddp that calls MPI while hpcddp's helper threads run holds ``LOCK`` too
-(``hpcddp.mpi_lock``).
+sizes and one of their bytes, each waited for the same way; ``recv`` polls a matched
+probe and ``Dup`` runs as ``Idup``. The other ways to make a communicator (``Split``,
+``Create_group``) have no nonblocking form and keep the owner until they return. Code
+outside hpcddp that calls MPI while hpcddp runs hands its calls to the owner too
+(``hpcddp.mpi_call(comm.Iprobe)``).
+
+``LOCK`` guards the state of hpcddp's operations in flight (a transport's queues, a
+handle's completion), which the training thread, the futures' thread and the owner's
+nudges (``keep_moving``) share; the owner never waits for it.
 """
 
-import contextlib
 import functools
 import itertools
 import threading
@@ -37,16 +41,15 @@ from typing import Any, Callable, List, Optional, Sequence
 from mpi4py import MPI
 
 from hpcddp.comm.backoff import Backoff
+from hpcddp.comm.owner import OWNER, OwnerBusy
 
-__all__ = ["LOCK", "SerialComm", "SerialRequest", "backoff", "held", "keep_moving", "mpi_lock",
-           "poll", "serialize", "wait", "wait_all"]
+__all__ = ["LOCK", "OwnerBusy", "SerialComm", "SerialRequest", "backoff", "call",
+           "keep_moving", "poll", "serialize", "stop_moving", "until", "wait", "wait_all"]
 
 LOCK = threading.RLock()
-mpi_lock = LOCK  # its public name: ``with hpcddp.mpi_lock: comm.Iprobe()``
 
-# A wait polls back to back for its first 2000 polls (a few milliseconds: a large
-# reduction moves only while some thread is inside MPI, and a sleep would stall it), then
-# with pauses of at most 0.1 ms.
+# A wait polled on the calling thread (``poll``) polls back to back for its first 2000
+# polls (a few milliseconds), then with pauses of at most 0.1 ms.
 _SPINS, _FIRST, _CAP = 2000, 1e-5, 1e-4
 
 
@@ -55,19 +58,19 @@ def backoff() -> Backoff:
     return Backoff(_SPINS, _FIRST, _CAP)
 
 
-@contextlib.contextmanager
-def held(seconds: float):
-    """``LOCK`` for the block if it can be had within ``seconds``; yields whether it was.
+def call(fn: Callable, *args, timeout: Optional[float] = None, **kwargs) -> Any:
+    """``fn(*args, **kwargs)``, an MPI call, made by the owner thread; its result.
 
-    For a helper thread that must not wait for ever behind a call that does not return.
+    Args:
+        timeout: seconds the owner may take to start it (``OwnerBusy`` after that);
+            None: as long as it takes.
     """
-    acquired = LOCK.acquire(timeout=seconds)
-    try:
-        yield acquired
-    finally:
-        if acquired:
-            LOCK.release()
+    if kwargs:
+        fn = functools.partial(fn, **kwargs)
+    return OWNER.call(fn, *args, timeout=timeout)
 
+
+mpi_call = call  # its public name: ``hpcddp.mpi_call(comm.Iprobe)``
 
 _MOVING = weakref.WeakSet()  # objects whose nudge() the waits below call
 
@@ -81,9 +84,14 @@ def keep_moving(obj) -> None:
     blocked in another wait (the end-of-backward agreement, say) would leave them
     standing, and the other ranks' part of that wait may be behind them (a ``Join``
     notice of three ranks ahead of a joined rank's shadow backward did exactly that).
-    ``nudge`` must never block and never wait.
+    ``nudge`` runs on the owner: it must never block and never wait for a lock.
     """
     _MOVING.add(obj)
+
+
+def stop_moving(obj) -> None:
+    """No more nudges for ``obj`` (closed: nothing of it is in flight)."""
+    _MOVING.discard(obj)
 
 
 def _nudge_all() -> None:
@@ -91,11 +99,15 @@ def _nudge_all() -> None:
         obj.nudge()
 
 
+OWNER.nudge = _nudge_all
+
+
 def poll(done: Callable[[], Any], nudge: bool = False) -> Any:
-    """Call ``done`` until it returns something true, and return that: every wait for
-    MPI in hpcddp. ``done`` takes ``LOCK`` for its MPI calls; between calls nothing is
-    held and the pauses are ``backoff()``'s. With ``nudge``, the objects given to
-    ``keep_moving`` are nudged between polls (not for a wait inside one of them)."""
+    """Call ``done`` on the calling thread until it returns something true, and return
+    that: a wait whose test does more than MPI (it takes ``LOCK``, or completes
+    hpcddp's own operations); its MPI calls go through ``call``. The pauses are
+    ``backoff()``'s; with ``nudge``, the objects given to ``keep_moving`` are nudged
+    between polls."""
     polls = backoff()
     while True:
         result = done()
@@ -106,20 +118,21 @@ def poll(done: Callable[[], Any], nudge: bool = False) -> Any:
         polls.pause()
 
 
-def _under_lock(call, *args):
-    with LOCK:
-        return call(*args)
+def until(done: Callable[[], Any], nudge: bool = False) -> Any:
+    """Have the MPI thread poll ``done()``, MPI tests that never block and take no lock,
+    until it returns something true; return that. With ``nudge``, as ``wait``."""
+    return OWNER.until(done, nudge)
 
 
 def wait(request: "MPI.Request", status: Optional["MPI.Status"] = None,
          nudge: bool = False) -> None:
-    """Complete ``request``, testing it under ``LOCK`` and letting go of it between polls."""
-    poll(functools.partial(_under_lock, MPI.Request.Test, request, status), nudge)
+    """Complete ``request``: the owner tests it between its other calls."""
+    OWNER.until(functools.partial(MPI.Request.Test, request, status), nudge)
 
 
-def wait_all(requests: Sequence["MPI.Request"], statuses=None) -> None:
-    """Complete every one of ``requests`` (``MPI_Waitall`` without holding ``LOCK``)."""
-    poll(functools.partial(_under_lock, MPI.Request.Testall, list(requests), statuses))
+def wait_all(requests: Sequence["MPI.Request"], statuses=None, nudge: bool = False) -> None:
+    """Complete every one of ``requests`` (``MPI_Waitall``, polled by the owner)."""
+    OWNER.until(functools.partial(MPI.Request.Testall, list(requests), statuses), nudge)
 
 
 def _wrap(result):
@@ -128,7 +141,7 @@ def _wrap(result):
         if isinstance(result, SerialComm):
             result._fixed()  # made by mpi4py as type(self), without __init__
             return result
-        return SerialComm(result)
+        return call(SerialComm, result)  # mpi4py asks MPI whether it is an intracomm
     if type(result) is MPI.Request:
         return SerialRequest(result)
     if type(result) is tuple and any(isinstance(i, (MPI.Comm, MPI.Request)) for i in result):
@@ -138,8 +151,7 @@ def _wrap(result):
 
 def _locked(base):
     def method(self, *args, **kwargs):
-        with LOCK:
-            return _wrap(base(self, *args, **kwargs))
+        return _wrap(call(base, self, *args, **kwargs))
     method.__name__ = method.__qualname__ = base.__name__
     method.__doc__ = base.__doc__
     return method
@@ -147,22 +159,19 @@ def _locked(base):
 
 def _locked_property(descriptor):
     def get(self):
-        with LOCK:
-            return descriptor.__get__(self, type(self))
+        return call(descriptor.__get__, self, type(self))
     return property(get, doc=descriptor.__doc__)
 
 
 def _polled(name, nonblocking):
     def method(self, *args, **kwargs):
-        with LOCK:
-            request = nonblocking(self, *args, **kwargs)
-        wait(request, nudge=True)
+        wait(call(nonblocking, self, *args, **kwargs), nudge=True)
     method.__name__ = method.__qualname__ = name
     return method
 
 
 def _serial_class(base, skip=(), polled=None):
-    """``base`` with every instance method and attribute taking ``LOCK``."""
+    """``base`` with every instance method and attribute a call made by the owner."""
     namespace = {}
     for cls in reversed(base.__mro__[:-1]):
         for name, attr in vars(cls).items():
@@ -186,10 +195,8 @@ _POLLED = {"Barrier": "Ibarrier", "Bcast": "Ibcast", "Allreduce": "Iallreduce",
 
 
 def _polled_call(nonblocking, *args, **kwargs) -> None:
-    """Start a nonblocking operation under ``LOCK`` and wait for it as ``wait`` does."""
-    with LOCK:
-        request = nonblocking(*args, **kwargs)
-    wait(request, nudge=True)
+    """Start a nonblocking operation on the owner and wait for it as ``wait`` does."""
+    wait(call(nonblocking, *args, **kwargs), nudge=True)
 
 
 def _offsets(sizes) -> List[int]:
@@ -204,7 +211,7 @@ def _split(data: bytearray, sizes) -> List[Any]:
 
 class _Pickled:
     """mpi4py's pickle-based collectives as two nonblocking collectives each (sizes, then
-    bytes), every call under ``LOCK`` and every wait polled without it. Each returns what
+    bytes), every call and every wait handed to the owner. Each returns what
     mpi4py's would; the reductions combine the values in rank order on every rank."""
 
     def bcast(self, obj=None, root: int = 0):
@@ -274,31 +281,25 @@ class _Pickled:
         return None if values is None else functools.reduce(op, values)
 
     def Dup(self, info=None):  # noqa: N802 - MPI's name
-        with LOCK:
-            comm, request = MPI.Intracomm.Idup(self, info)
+        comm, request = call(MPI.Intracomm.Idup, self, info)
         wait(request, nudge=True)
         return _wrap(comm)
 
     def send(self, obj, dest: int, tag: int = 0) -> None:
-        with LOCK:
-            request = MPI.Intracomm.isend(self, obj, dest=dest, tag=tag)
-        wait(request, nudge=True)
+        wait(call(MPI.Intracomm.isend, self, obj, dest=dest, tag=tag), nudge=True)
 
     def recv(self, buf=None, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG,
              status: Optional["MPI.Status"] = None):
-        """A matched probe polled without ``LOCK`` until the message is there."""
-        polls = backoff()
-        while True:
-            with LOCK:
-                message = MPI.Intracomm.improbe(self, source, tag, status)
-                if message is not None:
-                    return message.recv(status=status)
-            polls.pause()
+        """A matched probe, polled by the owner until the message is there."""
+        def received():
+            message = MPI.Intracomm.improbe(self, source, tag, status)
+            return None if message is None else (message.recv(status=status),)
+        return OWNER.until(received)[0]
 
 
 class SerialComm(_Pickled, MPI.Intracomm):
-    """An intracommunicator whose calls hold ``LOCK`` (``SerialComm(comm)`` shares
-    ``comm``'s handle). ``Abort`` takes no lock: ``hpcddp.comm.abort`` decides."""
+    """An intracommunicator whose calls the owner makes (``SerialComm(comm)`` shares
+    ``comm``'s handle). ``Abort`` is not handed over: ``hpcddp.comm.abort`` decides."""
 
     locals().update(_serial_class(MPI.Intracomm, polled=_POLLED, skip=(
         "Abort", *(name for name in vars(_Pickled) if not name.startswith("_")))))
@@ -307,14 +308,13 @@ class SerialComm(_Pickled, MPI.Intracomm):
         self._fixed()
 
     def _fixed(self):
-        """Rank and size, fixed for the communicator's life, read once under ``LOCK`` and
-        then without it (a report before ``MPI_Abort`` may find ``LOCK`` out of reach).
+        """Rank and size, fixed for the communicator's life, read once by the owner and
+        then kept (a report before ``MPI_Abort`` may find the owner stuck in a call).
         mpi4py makes the results of ``Dup`` and the like with ``type(self)``, without
         ``__init__``, so they are read on first use."""
         fixed = self.__dict__.get("_rank_size")
         if fixed is None:
-            with LOCK:
-                fixed = MPI.Intracomm.Get_rank(self), MPI.Intracomm.Get_size(self)
+            fixed = call(MPI.Intracomm.Get_rank, self), call(MPI.Intracomm.Get_size, self)
             self.__dict__["_rank_size"] = fixed
         return fixed
 
@@ -329,8 +329,8 @@ class SerialComm(_Pickled, MPI.Intracomm):
 
 
 class SerialRequest(MPI.Request):
-    """A request whose calls hold ``LOCK``; ``Wait`` polls ``Test`` and lets go of it
-    between polls, ``wait`` (the pickle form) likewise."""
+    """A request whose calls the owner makes; ``Wait`` and ``wait`` (the pickle form)
+    are polled by the owner."""
 
     locals().update(_serial_class(MPI.Request))
 
@@ -340,9 +340,9 @@ class SerialRequest(MPI.Request):
 
     def wait(self, status: Optional["MPI.Status"] = None):
         def received():
-            done, message = _under_lock(MPI.Request.test, self, status)
+            done, message = MPI.Request.test(self, status)
             return (message,) if done else None
-        return poll(received, nudge=True)[0]
+        return OWNER.until(received, nudge=True)[0]
 
 
 def serialize(comm: "MPI.Intracomm") -> "SerialComm":

@@ -1,12 +1,11 @@
 """May a helper thread call MPI beside the main thread?
 
-hpcddp starts helper threads that call MPI: the watchdog asking the other ranks,
+hpcddp starts helper threads that need MPI: the watchdog asking the other ranks,
 completing futures in the background, the optional progress pump, and the loader's
-prefetch with the ``mpio`` backend. The first three make every MPI call under
-``hpcddp.comm.serial.LOCK``, one thread at a time, so ``MPI_THREAD_SERIALIZED`` is enough
-for them. The loader's prefetch reads through h5py's MPI-IO, whose calls hpcddp cannot
-hold the lock around one by one, so it needs ``MPI_THREAD_MULTIPLE``. Below the level a
-helper needs, its work is done on the calling thread instead, and a warning says once
+prefetch with the ``mpio`` backend. Each hands its calls to hpcddp's MPI thread
+(``hpcddp.comm.owner``), the one thread that enters MPI, and that thread exists from
+``MPI_THREAD_SERIALIZED`` on. Below it (single, funneled) only the main thread may call
+MPI: a helper's work is done on the calling thread instead, and a warning says once
 what changed and how to get the level.
 """
 
@@ -27,16 +26,15 @@ def thread_level_name() -> str:
     return LEVELS.get(level, str(level))
 
 
-def helper_threads_allowed(what: str, instead: str, serialized: bool = True) -> bool:
-    """Whether MPI's thread level lets a helper thread do ``what``; if not, warn once.
+def helper_threads_allowed(what: str, instead: str) -> bool:
+    """Whether MPI's thread level lets a helper thread do ``what`` (through hpcddp's MPI
+    thread: ``MPI_THREAD_SERIALIZED``); if not, warn once.
 
     Args:
         what: the helper thread's work, e.g. "completing futures in the background".
         instead: what is done instead, e.g. "get_future() waits for completion".
-        serialized: the helper makes every MPI call under ``hpcddp.comm.serial.LOCK``, so
-            ``MPI_THREAD_SERIALIZED`` is enough; otherwise it needs ``MPI_THREAD_MULTIPLE``.
     """
-    needed = MPI.THREAD_SERIALIZED if serialized else MPI.THREAD_MULTIPLE
+    needed = MPI.THREAD_SERIALIZED
     if MPI.Query_thread() >= needed:
         return True
     if what not in _warned:

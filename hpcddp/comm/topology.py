@@ -47,7 +47,7 @@ def clone_comm(comm=None, name="hpcddp.world", timeout: Optional[float] = None,
 
     .. warning:: Collective.
     """
-    source = MPI.COMM_WORLD if comm is None else comm
+    source = serialize(MPI.COMM_WORLD if comm is None else comm)
     if not timeout:
         dup = source.Dup()
     else:

@@ -13,9 +13,9 @@ control communicator of its own, with small point-to-point messages.
   also how uneven inputs without ``join()`` end. Leaving waits, bounded by the timeout,
   until every rank has left, so ``MPI_Finalize`` never waits for a rank stuck elsewhere.
 
-Every MPI call of the thread holds ``hpcddp.comm.serial.LOCK``, and the main thread's
-waits let go of it between polls, so asking other ranks needs ``MPI_THREAD_SERIALIZED``
-only. Below it (single, funneled) the thread calls no MPI until the timeout: the report
+Every MPI call of the thread is handed to hpcddp's MPI thread (``hpcddp.comm.serial``),
+which makes it between the polls of the main thread's waits, so asking other ranks
+needs ``MPI_THREAD_SERIALIZED`` only. Below it (single, funneled) the thread calls no MPI until the timeout: the report
 then shows this rank's wait and stack only, and the one MPI call it makes is
 ``MPI_Abort``.
 """
@@ -41,9 +41,9 @@ _QUERY, _REPLY, _LEFT = 1, 2, 3
 _ANSWER_SECONDS = 5.0  # how long a report waits for the other ranks' answers
 _LEAVING_TICK = 0.005  # the thread's period once this rank is leaving
 _DEFER_SECONDS = 10.0  # how long a rank cut off from rank 0's node leaves the verdict to it
-# How long the thread waits to enter MPI. The main thread holds serial.LOCK only for
-# single calls, except in a blocking call that has no nonblocking form (making a
-# communicator): a lost rank can keep it there, and the thread must still time out.
+# How long the thread waits for the MPI thread to take a call. It is busy only for single
+# calls, except in a blocking call that has no nonblocking form (making a communicator):
+# a lost rank can keep it there, and the watchdog must still time out.
 _LOCK_SECONDS = 0.5
 
 
@@ -65,7 +65,7 @@ class Watchdog(Closable):
         self.rank, self.size = self.comm.rank, self.comm.size
         self.hosts = self.comm.allgather(socket.gethostname())  # to name a silent node
         self.timeout, self.stall_warn = timeout, stall_warn
-        self.threaded = MPI.Query_thread() >= MPI.THREAD_SERIALIZED  # calls hold serial.LOCK
+        self.threaded = MPI.Query_thread() >= MPI.THREAD_SERIALIZED  # the MPI thread's
         limits = [s for s in (timeout, stall_warn) if s > 0]
         self.tick = min([0.2] + [s / 10 for s in limits])
         self.departed: Dict[int, dict] = {}
@@ -93,8 +93,8 @@ class Watchdog(Closable):
             return
         self._leaving = True
         if self.threaded:
-            # As long as any wait may last (HPCDDP_TIMEOUT): a call that never returns
-            # while holding LOCK ends the job by then, through the watchdog.
+            # As long as any wait may last (HPCDDP_TIMEOUT): a call that keeps the MPI
+            # thread for ever ends the job by then, through the watchdog.
             self._send_to_others(_LEFT, activity.snapshot(stack=False),
                                  patience=self.timeout or -1)
         self._wake.set()  # the others' departures are taken as they come, not per tick
@@ -139,12 +139,16 @@ class Watchdog(Closable):
             self._check()
 
     def _send(self, rank: int, tag: int, message, patience: float = _LOCK_SECONDS) -> None:
-        """Send ``message`` if ``LOCK`` can be had within ``patience`` seconds (-1: for
-        as long as it takes). A departure waits longer than a question or an answer: lost,
-        the others would wait for this rank until their timeout."""
-        with self._sending, serial.held(patience) as held:
-            if held:
-                self._sends.append(MPI.Intracomm.isend(self.comm, message, dest=rank, tag=tag))
+        """Send ``message`` if the MPI thread takes the call within ``patience`` seconds
+        (-1: for as long as it takes). A departure waits longer than a question or an
+        answer: lost, the others would wait for this rank until their timeout."""
+        with self._sending:
+            try:
+                self._sends.append(serial.call(
+                    MPI.Intracomm.isend, self.comm, message, dest=rank, tag=tag,
+                    timeout=None if patience < 0 else patience))
+            except serial.OwnerBusy:
+                pass
 
     def _send_to_others(self, tag: int, message, patience: float = _LOCK_SECONDS) -> None:
         for rank in range(self.size):
@@ -154,25 +158,24 @@ class Watchdog(Closable):
     def _serve(self) -> None:
         """Take every message that has come: answer questions, note departures."""
         while True:
-            with serial.held(_LOCK_SECONDS) as held:
-                if not held:
-                    return
-                status = MPI.Status()  # even a Status is made with MPI calls
-                # A matched probe: the message received is the one probed.
-                probed = MPI.Intracomm.improbe(self.comm, MPI.ANY_SOURCE, MPI.ANY_TAG, status)
-                if probed is None:
-                    break
-                message = probed.recv()
-                source, tag = status.Get_source(), status.Get_tag()
+            try:
+                taken = serial.call(_take, self.comm, timeout=_LOCK_SECONDS)
+            except serial.OwnerBusy:
+                return
+            if taken is None:
+                break
+            message, source, tag = taken
             if tag == _QUERY:
                 self._send(source, _REPLY, dict(activity.snapshot(), leaving=self._leaving))
             elif tag == _REPLY:
                 self._replies[source] = message
             elif tag == _LEFT:
                 self.departed[source] = message
-        with self._sending, serial.held(_LOCK_SECONDS) as held:
-            if held:
-                self._sends = [r for r in self._sends if not MPI.Request.Test(r)]
+        with self._sending:
+            try:
+                self._sends = serial.call(_unfinished, self._sends, timeout=_LOCK_SECONDS)
+            except serial.OwnerBusy:
+                pass
 
     def _check(self) -> None:
         now = time.monotonic()
@@ -372,6 +375,20 @@ class Watchdog(Closable):
         while time.monotonic() < deadline and not self._stop.is_set():
             self._serve()
             time.sleep(0.05)
+
+
+def _take(comm):
+    """The next message that has come (message, source, tag), or None; on the MPI thread."""
+    status = MPI.Status()  # even a Status is made with MPI calls
+    # A matched probe: the message received is the one probed.
+    probed = MPI.Intracomm.improbe(comm, MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+    if probed is None:
+        return None
+    return probed.recv(), status.Get_source(), status.Get_tag()
+
+
+def _unfinished(requests) -> List["MPI.Request"]:
+    return [request for request in requests if not MPI.Request.Test(request)]
 
 
 def _ranks(ranks) -> str:

@@ -135,7 +135,7 @@ class ShardedLoader(Closable):
                                       files=len(self.paths))
         if self.backend == "mpio" and self.prefetch and not helper_threads_allowed(
                 "the loader's prefetch thread (it reads through MPI-IO)",
-                "batches are read in the calling thread (prefetch=0)", serialized=False):
+                "batches are read in the calling thread (prefetch=0)"):
             self.prefetch = 0
         if len(self.paths) > 1:
             self._reader = ShardedReader(BACKENDS[self.backend], shards, max_open_files,

@@ -17,7 +17,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from hpcddp.comm import lifetime
+from hpcddp.comm import lifetime, serial
 from hpcddp.data.h5file import DataFileError, DatasetInfo, h5py_module, open_h5
 
 __all__ = ["BACKENDS", "H5pyReader", "MemmapReader", "MPIOReader", "choose_backend"]
@@ -150,20 +150,26 @@ class MPIOReader(H5pyReader):
     mpio file is collective: left to the garbage collector, ranks would close at
     different moments and hang, so the file stays open until ``close()``, or until
     ``hpcddp.comm.lifetime`` closes it before MPI is finalized.
+
+    HDF5 calls MPI inside every operation on an mpio file, so each (open, read, close)
+    is made by hpcddp's MPI thread (``hpcddp.comm.serial``), from whichever thread asks.
     """
 
     name = "mpio"
 
     def __init__(self, path, infos, comm=None, collective=True, locking=False, **_):
         self.comm, self.collective = comm, collective
-        super().__init__(path, infos, locking=locking)
+        serial.call(super().__init__, path, infos, locking=locking)
         lifetime.register(self, keep_alive=True)
+
+    def read(self, indices: np.ndarray, out=None) -> List[np.ndarray]:
+        return serial.call(super().read, indices, out)
 
     def close(self):
         """Close the file and free the communicator. Collective: every rank must call it."""
         lifetime.unregister(self)
         if self.comm is not None:
-            super().close()
+            serial.call(super().close)
             lifetime.free_comm(self.comm)
             self.comm = None
 

@@ -253,10 +253,12 @@ class Reducer:
         bucket.pending.discard(index)
         if self.trace is not None:
             self.trace.append(("hook", index))
-        self._launch_ready()
-        self.progress()
+        if not self._launch_ready():
+            self.progress()  # a launch has just advanced the transport
 
-    def _launch_ready(self) -> None:
+    def _launch_ready(self) -> bool:
+        """Start the buckets whose gradients are all in, in order; whether any started."""
+        first = self._next
         while self._next < len(self.buckets) and not self.buckets[self._next].pending:
             with timeline.span(f"launch bucket {self._next}", timeline.REDUCER):
                 self.buckets[self._next].start(self.hook)
@@ -267,6 +269,7 @@ class Reducer:
                 "the progress pump (HPCDDP_PROGRESS_THREAD=1)",
                 "MPI progresses only at gradient hooks"):
             self._pump = ProgressPump(self.comm)
+        return self._next > first
 
     @property
     def collectives(self) -> int:
@@ -375,6 +378,7 @@ class Reducer:
 
     def _wait_and_copy(self, globally_used) -> None:
         self.transport.issue_all()
+        self.transport.complete_issued()
         for bucket in self.buckets:
             with timeline.span(f"wait bucket {bucket.index()}", timeline.REDUCER):
                 bucket.finish()

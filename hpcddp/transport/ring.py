@@ -147,10 +147,8 @@ class _SliceRing:
                 self._post()
             if block:
                 serial.wait_all(self.requests)
-            else:
-                with serial.LOCK:
-                    if not MPI.Request.Testall(self.requests):
-                        return False
+            elif not serial.call(MPI.Request.Testall, self.requests):
+                return False
             self._received()
         return True
 

@@ -7,15 +7,17 @@ order, each once its data is ready, however their events complete. ``advance()``
 what it can and ``Test``s what is in flight (MPI makes no progress while Python
 computes); it never blocks. A ``Transfer`` is the ``Handle`` of one operation.
 
-Its MPI calls hold ``hpcddp.comm.serial.LOCK`` (one thread at a time inside MPI), so the
-progress thread (``hpcddp.comm.progress``) may complete transfers while the caller starts
-new ones, and a wait lets go of it between polls.
+Its MPI calls are made by hpcddp's MPI thread (``hpcddp.comm.serial``) and its queues are
+guarded by ``hpcddp.comm.serial.LOCK``, so the futures' thread (``hpcddp.comm.progress``)
+may complete transfers while the caller starts new ones, and the MPI thread's nudges
+(``serial.keep_moving``) move them while the caller waits elsewhere.
 """
 
 from collections import deque
 from typing import Any, Callable, Deque, List, Optional, Sequence
 
 import torch
+from mpi4py import MPI
 
 from hpcddp.comm import activity, serial, timeline
 from hpcddp.comm.backoff import Backoff
@@ -69,7 +71,7 @@ class Transport:
         self.host = HostRoute(cuda)
         self.device = DeviceRoute(cuda)
         self.staged = StagedRoute(cuda, pinned=pinned)
-        self.lock = serial.LOCK  # one thread at a time inside MPI
+        self.lock = serial.LOCK  # the queues, shared with the futures' thread and nudges
         self._unissued: Deque[_Piece] = deque()
         self._issued: List[_Piece] = []  # issued, not yet seen complete
         self.collectives = 0  # MPI operations issued, for inspection
@@ -180,16 +182,25 @@ class Transport:
 
     def advance(self) -> None:
         """``Test`` the issued pieces so MPI makes progress, and issue, in order, the
-        pieces whose data is ready while the bytes in flight allow; never blocks."""
+        pieces whose data is ready while the bytes in flight allow; never blocks.
+
+        One call handed to the MPI thread does it all, on this thread's behalf: it holds
+        the lock meanwhile."""
         with self.lock:
+            if self._issued or self._unissued:
+                serial.call(self._advance)
+
+    def _advance(self) -> None:
+        """``advance``'s work, on the MPI thread while the caller holds the lock (taking
+        it here would wait for ever on that caller)."""
+        self._test_issued()
+        issued = False
+        while (self._unissued and self._unissued[0].is_ready()
+               and self._has_room_for(self._unissued[0])):
+            self._issue(self._unissued.popleft())
+            issued = True
+        if issued:
             self._test_issued()
-            issued = False
-            while (self._unissued and self._unissued[0].is_ready()
-                   and self._has_room_for(self._unissued[0])):
-                self._issue(self._unissued.popleft())
-                issued = True
-            if issued:
-                self._test_issued()
 
     def _test_issued(self) -> None:
         pending = []
@@ -249,6 +260,32 @@ class Transport:
             else:
                 backoff.pause()
 
+    def complete_issued(self) -> None:
+        """Wait until every MPI request issued so far has completed, in one wait handed
+        to the MPI thread, which notes when each completes (a transfer's timeline span
+        ends then). The transfers' ``wait`` then find their pieces done: DDP's end of
+        backward waits for its buckets at once, not one hand-over each.
+
+        .. warning:: Synchronization point: every rank must issue these operations.
+        """
+        with self.lock:
+            pieces = [piece for piece in self._issued
+                      if not piece.done and isinstance(piece.request, MPI.Request)]
+        if not pieces:
+            return
+        ended = {}
+
+        def all_done():  # on the MPI thread
+            for k, piece in enumerate(pieces):
+                if k not in ended and MPI.Request.Test(piece.request):
+                    ended[k] = timeline.now()
+            return len(ended) == len(pieces)
+        serial.until(all_done, nudge=True)
+        with self.lock:
+            for k, piece in enumerate(pieces):
+                if not piece.done:
+                    piece.completed(ended[k])
+
     def blocking(self, collective: Callable[[], Any]) -> Any:
         """Run ``collective``, a blocking collective on this transport's communicator, in
         start order: every operation started before it is issued first.
@@ -262,7 +299,11 @@ class Transport:
         self.issue_all()  # the wait for events, without holding the lock
         with self.lock:
             self.issue_all()  # whatever was started meanwhile
-            return collective()
+        # Not under the lock: the MPI thread's nudges must move this transport's rings
+        # while the collective waits. Operations on it start on the training thread only
+        # (autograd's thread on a GPU, while the training thread waits in backward), so
+        # none can start between here and the collective's issue.
+        return collective()
 
     def issue_through(self, piece: _Piece) -> None:
         """Issue every piece up to and including ``piece``, blocking on their events.
@@ -285,6 +326,7 @@ class Transport:
 
         .. warning:: Collective where ``HPCDDP_DEBUG=detail``.
         """
+        serial.stop_moving(self)
         if self.check is not None:
             self.check.close()
         self.reductions.free()

@@ -4,8 +4,11 @@ while another thread is inside MPI: what ``MPI_THREAD_SERIALIZED`` forbids.
 Every ``int MPI_*`` function of the MPI's ``mpi_proto.h`` gets a wrapper that enters a
 process-wide count, calls ``PMPI_*``, and leaves; a call that finds another thread
 inside is counted with both functions' names. At exit the library writes
-``<MPI_ENTRY_CHECK_LOG>.<pid>`` as JSON: calls, overlaps, threads that called MPI, and
-the first overlapping pairs. It checks the MPI library itself, below mpi4py and hpcddp.
+``<MPI_ENTRY_CHECK_LOG>.<pid>`` as JSON: calls, overlaps, threads that called MPI, the
+calls each thread made (``by_thread``; ``init_thread``: the calls of the thread that
+initialized MPI, the main thread, and ``init_thread_names`` the functions it called), and
+the first overlapping pairs. It checks the MPI
+library itself, below mpi4py and hpcddp.
 """
 
 import re
@@ -39,14 +42,25 @@ static pthread_mutex_t note_lock = PTHREAD_MUTEX_INITIALIZER;
 static char pairs[8][160];
 static int npairs;
 static unsigned long threads[64];
+static long thread_calls[64];
 static int nthreads;
+static unsigned long init_thread;
+static const char *init_names[24];
+static int ninit_names;
 
-static void note_thread(void) {
+static void note_thread(const char *name) {
     unsigned long me = (unsigned long) pthread_self();
     pthread_mutex_lock(&note_lock);
-    int known = 0;
-    for (int i = 0; i < nthreads; i++) known |= threads[i] == me;
-    if (!known && nthreads < 64) threads[nthreads++] = me;
+    int at = -1;
+    for (int i = 0; i < nthreads; i++) if (threads[i] == me) at = i;
+    if (at < 0 && nthreads < 64) { at = nthreads++; threads[at] = me; }
+    if (at >= 0) thread_calls[at]++;
+    if (strncmp(name, "MPI_Init", 8) == 0) init_thread = me;
+    if (me == init_thread) {
+        int seen = 0;
+        for (int i = 0; i < ninit_names; i++) seen |= strcmp(init_names[i], name) == 0;
+        if (!seen && ninit_names < 24) init_names[ninit_names++] = name;
+    }
     pthread_mutex_unlock(&note_lock);
 }
 
@@ -63,7 +77,7 @@ static void enter(const char *name) {
         pthread_mutex_unlock(&note_lock);
     }
     atomic_store(&holder, name);
-    note_thread();
+    note_thread(name);
 }
 
 static void leave(void) {
@@ -81,6 +95,14 @@ __attribute__((destructor)) static void report(void) {
     fprintf(f, "{\"calls\": %ld, \"overlaps\": %ld, \"threads\": %d, \"pairs\": [",
             atomic_load(&calls), atomic_load(&overlaps), nthreads);
     for (int i = 0; i < npairs; i++) fprintf(f, "%s\"%s\"", i ? ", " : "", pairs[i]);
+    fprintf(f, "], \"by_thread\": [");
+    long init_calls = 0;
+    for (int i = 0; i < nthreads; i++) {
+        fprintf(f, "%s%ld", i ? ", " : "", thread_calls[i]);
+        if (threads[i] == init_thread) init_calls = thread_calls[i];
+    }
+    fprintf(f, "], \"init_thread\": %ld, \"init_thread_names\": [", init_calls);
+    for (int i = 0; i < ninit_names; i++) fprintf(f, "%s\"%s\"", i ? ", " : "", init_names[i]);
     fprintf(f, "]}\n");
     fclose(f);
 }
