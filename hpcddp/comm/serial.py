@@ -165,7 +165,7 @@ def _locked_property(descriptor):
 
 def _polled(name, nonblocking):
     def method(self, *args, **kwargs):
-        wait(call(nonblocking, self, *args, **kwargs), nudge=True)
+        _polled_call(nonblocking, self, *args, **kwargs)
     method.__name__ = method.__qualname__ = name
     return method
 
@@ -195,8 +195,14 @@ _POLLED = {"Barrier": "Ibarrier", "Bcast": "Ibcast", "Allreduce": "Iallreduce",
 
 
 def _polled_call(nonblocking, *args, **kwargs) -> None:
-    """Start a nonblocking operation on the owner and wait for it as ``wait`` does."""
-    wait(call(nonblocking, *args, **kwargs), nudge=True)
+    """Start a nonblocking operation and wait for it, in one wait handed to the owner."""
+    started = []
+
+    def done():
+        if not started:
+            started.append(nonblocking(*args, **kwargs))
+        return MPI.Request.Test(started[0])
+    OWNER.until(done, nudge=True)
 
 
 def _offsets(sizes) -> List[int]:
@@ -286,7 +292,7 @@ class _Pickled:
         return _wrap(comm)
 
     def send(self, obj, dest: int, tag: int = 0) -> None:
-        wait(call(MPI.Intracomm.isend, self, obj, dest=dest, tag=tag), nudge=True)
+        _polled_call(MPI.Intracomm.isend, self, obj, dest=dest, tag=tag)
 
     def recv(self, buf=None, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG,
              status: Optional["MPI.Status"] = None):
