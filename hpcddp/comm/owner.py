@@ -145,11 +145,13 @@ class Owner:
         """``fn(*args)`` made by the owner; its result, or its exception raised here.
 
         Args:
-            timeout: seconds the owner may take to start the call; None: as long as it
-                takes. A call once started is waited for to its end.
+            timeout: seconds the owner may take to start the call, and then to finish it;
+                None: as long as it takes.
 
         Raises:
-            OwnerBusy: not started within ``timeout`` (then it never runs).
+            OwnerBusy: not started within ``timeout`` (then it never runs), or started
+                and not finished within ``timeout`` more (a call stuck inside MPI: a
+                watchdog or an abort must still go on).
         """
         if self.owns():
             if self._thread is None:
@@ -168,7 +170,9 @@ class Owner:
                         self._calls.remove(task)
                         raise OwnerBusy(f"hpcddp: the MPI thread did not take {fn.__name__} "
                                         f"within {timeout:g} s")
-                task.wait()
+                if not task.wait(timeout):
+                    raise OwnerBusy(f"hpcddp: {fn.__name__} did not return within "
+                                    f"{timeout:g} s on the MPI thread")
         finally:
             self._count(since)
         return task.result()
