@@ -54,7 +54,7 @@ class _Piece:
     """
 
     __slots__ = ("name", "lane", "bindings", "issue_fn", "request", "done", "finished",
-                 "issued_at", "nbytes")
+                 "issued_at", "nbytes", "seq", "call")
 
     def __init__(self, name: str, lane: int, bindings: Sequence[Binding], issue_fn: Issue):
         self.name, self.lane, self.bindings, self.issue_fn = name, lane, list(bindings), issue_fn
@@ -66,6 +66,8 @@ class _Piece:
         self.done = False      # MPI has completed the request
         self.finished = False  # its result has been brought back
         self.issued_at = 0     # timeline.now() when issued
+        self.seq: Optional[int] = None  # its operation's collective number (None: p2p)
+        self.call: Optional[str] = None
 
     def completed(self, ended: Optional[int] = None) -> None:
         """MPI has completed the request (as a Test or Wait saw, now or at ``ended``,

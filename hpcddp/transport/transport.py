@@ -168,6 +168,8 @@ class Transport:
             if call is not None:
                 transfer.channel, transfer.seq, transfer.call = self.channel, seq, call
             transfer.pieces = [_Piece(name, lane, bindings, issue) for bindings, issue in parts]
+            for piece in transfer.pieces:  # for the watchdog, while complete_issued waits
+                piece.seq, piece.call = seq, call
             self._unissued.extend(transfer.pieces)
             self.advance()
             return transfer
@@ -280,7 +282,11 @@ class Transport:
                 if k not in ended and MPI.Request.Test(piece.request):
                     ended[k] = timeline.now()
             return len(ended) == len(pieces)
-        serial.until(all_done, nudge=True)
+        # Watched as a wait in the oldest operation: the one every rank issued first.
+        first = pieces[0]
+        with activity.waiting(first.name, None if first.seq is None else self.channel,
+                              first.seq, first.call):
+            serial.until(all_done, nudge=True)
         with self.lock:
             for k, piece in enumerate(pieces):
                 if not piece.done:

@@ -327,3 +327,33 @@ def test_staged_tensors_of_any_shape_travel_and_come_back_whole(cuda):
         event.done = True
     assert len(pieces.pieces) == 3
     assert torch.equal(pieces.wait(), torch.arange(24, dtype=torch.float32).view(2, 3, 4))
+
+
+def test_the_wait_for_every_issued_operation_is_one_the_watchdog_sees(cuda):
+    # DDP's end of backward waits for all its buckets at once. A bucket that never
+    # completes (a node lost mid-reduction) must show as a wait in its collective, or
+    # the watchdog never times it out and the job hangs without a word.
+    import threading
+
+    from hpcddp.comm import activity, serial
+    from hpcddp.transport.transfer import writes
+    t = transport(cuda)
+    received = torch.zeros(3)
+    transfer = t.submit("DDP bucket 3", [writes(received)],
+                        lambda b: MPI.COMM_SELF.Irecv(b.buf, source=0, tag=91))
+    seen = []
+
+    def watch():  # sees the wait, or gives up after 5 s; then lets it complete
+        deadline = time.monotonic() + 5
+        while not seen and time.monotonic() < deadline:
+            seen.extend(w.as_dict() for w in activity.current_waits())
+            time.sleep(0.005)
+        serial.call(MPI.COMM_SELF.Send, torch.full((3,), 2.0).numpy(), dest=0, tag=91)
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    t.complete_issued()
+    watcher.join()
+    assert [(w["what"], w["seq"]) for w in seen] == \
+        [(f"DDP bucket 3 (collective {transfer.seq} on {t.channel.name})", transfer.seq)]
+    transfer.wait(timeout=1)  # its piece is done: it only brings the result back
+    assert torch.equal(received, torch.full((3,), 2.0))
