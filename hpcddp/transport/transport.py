@@ -263,23 +263,22 @@ class Transport:
                 backoff.pause()
 
     def complete_issued(self) -> None:
-        """Wait until every MPI request issued so far has completed, in one wait handed
-        to the MPI thread, which notes when each completes (a transfer's timeline span
-        ends then). The transfers' ``wait`` then find their pieces done: DDP's end of
+        """Wait until every operation issued so far (MPI's, or hpcddp's own ring) has
+        completed, in one wait handed to the MPI thread, which drives the rings and notes
+        when each operation completes (a transfer's timeline span ends then). The transfers' ``wait`` then find their pieces done: DDP's end of
         backward waits for its buckets at once, not one hand-over each.
 
         .. warning:: Synchronization point: every rank must issue these operations.
         """
         with self.lock:
-            pieces = [piece for piece in self._issued
-                      if not piece.done and isinstance(piece.request, MPI.Request)]
+            pieces = [piece for piece in self._issued if not piece.done]
         if not pieces:
             return
         ended = {}
 
-        def all_done():  # on the MPI thread
+        def all_done():  # on the MPI thread, which also runs hpcddp's own (a ring's) steps
             for k, piece in enumerate(pieces):
-                if k not in ended and MPI.Request.Test(piece.request):
+                if k not in ended and _test(piece.request):
                     ended[k] = timeline.now()
             return len(ended) == len(pieces)
         # Watched as a wait in the oldest operation: the one every rank issued first.
@@ -336,6 +335,11 @@ class Transport:
         if self.check is not None:
             self.check.close()
         self.reductions.free()
+
+
+def _test(request) -> bool:
+    """Whether ``request``, MPI's or hpcddp's own (a ring), has completed; never blocks."""
+    return MPI.Request.Test(request) if isinstance(request, MPI.Request) else request.Test()
 
 
 def _dtype(tensor) -> str:
