@@ -98,8 +98,10 @@ def test_slurm_pmi1_reads_a_request_in_one_1024_byte_read(slurm_nodes, tmp_path)
     assert result["short"]["intact"] and result["short"]["line"] <= 1024, result
     long = result["long"]
     assert long["line"] > 1024 and long["sent"] < result["vallen_max"], result
-    # Accepted with rc=0, but what was stored is not what was sent.
+    # Accepted with rc=0, but what was stored is not what was sent, and the line's bytes
+    # past 1024 were answered as a request of their own.
     assert long["put"] == "cmd=put_result rc=0" and not long["intact"], result
+    assert long["tail_reply"].startswith("cmd=maxes"), result
     # MPICH's worst case for a business card segment under a job id of 8 digits.
     head = "cmd=put kvsname=12345678.0 key=-allgather-1-0-seg-1/9 value="
     assert len(head) + 2 * 511 + 1 > 1024
@@ -137,4 +139,4 @@ def test_two_node_srun_pmi2_jobs_start_with_the_ofi_netmod_and_more_modules(slur
     assert info["JobState"] == "COMPLETED", text[-3000:]
     lines = re.findall(r"^host=(\S+) rank=(\d) size=4 sum=10$", text, re.M)
     assert len(lines) == 20, text[-3000:]
-    assert {host for host, _ in lines} == {"hdtest-n1", "hdtest-n2"}, lines
+    assert len({host for host, _ in lines}) == 2, lines  # the two nodes Slurm gave it

@@ -219,8 +219,10 @@ class SlurmCluster:
             if state in states:
                 return self.job(job_id)
             time.sleep(0.5)
-        raise TimeoutError(f"job {job_id} still {self.job(job_id).get('JobState')} after "
-                           f"{timeout}s")
+        state = self.job(job_id).get("JobState")
+        # Cancelled, so that a stuck job does not hold its nodes from the tests after it.
+        self.run("scancel", str(job_id), check=False)
+        raise TimeoutError(f"job {job_id} still {state} after {timeout}s (cancelled)")
 
     def stop(self):
         for proc in self.procs:
