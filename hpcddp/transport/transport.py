@@ -265,8 +265,9 @@ class Transport:
     def complete_issued(self) -> None:
         """Wait until every operation issued so far (MPI's, or hpcddp's own ring) has
         completed, in one wait handed to the MPI thread, which drives the rings and notes
-        when each operation completes (a transfer's timeline span ends then). The transfers' ``wait`` then find their pieces done: DDP's end of
-        backward waits for its buckets at once, not one hand-over each.
+        when each operation completes (a transfer's timeline span ends then). The
+        transfers' ``wait`` then find their pieces done: DDP's end of backward waits for
+        its buckets at once, not one hand-over each.
 
         .. warning:: Synchronization point: every rank must issue these operations.
         """
