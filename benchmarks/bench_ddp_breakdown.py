@@ -236,6 +236,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--name", default="ddp_breakdown", help="results/<name>.json")
     args = parser.parse_args()
     world = hpcddp.init()
     _timed_finish()
@@ -258,8 +259,8 @@ def main():
                       f"  wait {p['wait']:.2f}  copy back {p['copy_back']:.2f}  tests "
                       f"{v['tests_per_step']}  last bucket {v['last_bucket_bytes'] / 1024:.0f} KiB",
                       flush=True)
-    write("ddp_breakdown", {"benchmark": "DDP exposed communication, by phase",
-                            "steps": args.steps, "results": results}, world)
+    write(args.name, {"benchmark": "DDP exposed communication, by phase",
+                      "steps": args.steps, "results": results}, world)
 
 
 if __name__ == "__main__":

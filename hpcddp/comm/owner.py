@@ -8,7 +8,9 @@ for MPI (a request, a blocking collective, a probe for a message) is handed over
 the owner polls it beside every other wait and call, and wakes the waiting thread when
 it completes. So no two threads are ever inside MPI, and a thread that waits for MPI
 is never inside it: the watchdog's questions go in between the polls of the main
-thread's longest wait.
+thread's longest wait. A step that needs no answer (a gradient hook's launch of its
+bucket) is posted instead: the owner makes it in turn and the caller goes on computing,
+so on idle cores (a GPU's backward) the reduction moves beside the backward.
 
 What runs on the owner is MPI and nothing that waits for another thread: a call
 handed over must never take a lock that a thread waiting for the owner may hold.
@@ -18,11 +20,12 @@ and hpcddp starts no helper that does; calls are made by the calling thread.
 """
 
 import _thread
+import contextlib
 import os
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Deque, List, Optional
+from typing import Any, Callable, Deque, Iterator, List, Optional
 
 from hpcddp.comm.backoff import Backoff
 
@@ -36,6 +39,11 @@ __all__ = ["Owner", "OwnerBusy", "OWNER"]
 # MPI moves operations nobody waits for yet when hpcddp hands it a call (a gradient
 # hook's ``advance``), as it would without the owner.
 _SPINS, _FIRST, _CAP = 2000, 1e-5, 1e-4
+# While ``progressing`` (DDP's backward with HPCDDP_PROGRESS_THREAD) and no thread waits,
+# the owner nudges the operations in flight (``nudge``) on its own, sleeping between: from
+# 50 us after a call handed over (a bucket just launched) up to 0.5 ms. The pauses are
+# sleeps, never spins, so the thread computing the backward keeps the GIL and the core.
+_MOVE_FIRST, _MOVE_CAP = 5e-5, 5e-4
 
 
 _MAIN = threading.main_thread()
@@ -104,6 +112,7 @@ class Owner:
         self._thread: Optional[threading.Thread] = None
         self._stopping = False
         self._added = 0  # waits handed over so far
+        self._progressing = 0  # ``progressing()`` blocks open now
         self._decided = False
         self._inline = threading.RLock()  # no owner: one caller at a time
         self.nudge: Callable[[], None] = lambda: None  # set by hpcddp.comm.serial
@@ -200,6 +209,42 @@ class Owner:
             self._count(since)
         return task.result()
 
+    def post(self, step: Callable[[], Any]) -> bool:
+        """Have the owner call ``step()``, which never blocks and raises nothing, until it
+        returns something true, without waiting for it: the caller goes on at once. The
+        owner makes it in turn with the calls and waits handed over before it. False
+        where there is no owner thread to post to (the caller makes its own calls).
+        """
+        thread = self.thread
+        if thread is None or thread is threading.current_thread():
+            return False
+        with self._cond:
+            self._waits.append(_Task(step))
+            self._added += 1
+            self._cond.notify()
+        return True
+
+    @contextlib.contextmanager
+    def progressing(self) -> Iterator[None]:
+        """Within this block the owner also moves the operations in flight while no thread
+        waits for it: it calls ``nudge()`` (each transport ``Test``s its pending
+        requests and issues what is ready) with short sleeps between, as a progress
+        thread would, with no call handed over. A no-op where there is no owner thread.
+
+        Example::
+
+            with OWNER.progressing():
+                loss.backward()   # buckets launched by the hooks move between them
+        """
+        with self._cond:
+            self._progressing += 1
+            self._cond.notify()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._progressing -= 1
+
     def _since(self) -> Optional[float]:
         """When the main thread began to wait for the owner, where that is to be counted."""
         if threading.current_thread() is _MAIN and self.counted():
@@ -255,14 +300,25 @@ class Owner:
 
     def _run(self) -> None:
         polls = Backoff(_SPINS, _FIRST, _CAP)
+        moves = Backoff(0, _MOVE_FIRST, _MOVE_CAP)
         added = 0
         while True:
             with self._cond:
-                while not (self._calls or self._waits or self._stopping):
+                while not (self._calls or self._waits or self._progressing or self._stopping):
                     self._cond.wait()
                 if self._stopping and not self._calls:
                     return
                 fresh, added = self._added != added, self._added  # a new wait: poll eagerly
+                waiting = bool(self._waits)
+            if not waiting:  # progressing, or calls only
+                if self._turn():
+                    moves.reset()
+                if self._progressing:
+                    self.nudge()
+                    with self._cond:
+                        if not (self._calls or self._waits):
+                            self._cond.wait(moves.next_pause())
+                continue
             if fresh or self._turn():
                 polls.reset()
                 continue

@@ -70,6 +70,12 @@ def call(fn: Callable, *args, timeout: Optional[float] = None, **kwargs) -> Any:
     return OWNER.call(fn, *args, timeout=timeout)
 
 
+def post(step: Callable[[], Any]) -> bool:
+    """Have the owner call ``step()`` until it returns something true, without waiting
+    (``Owner.post``); False where the caller must make its own calls."""
+    return OWNER.post(step)
+
+
 mpi_call = call  # its public name: ``hpcddp.mpi_call(comm.Iprobe)``
 
 _MOVING = weakref.WeakSet()  # objects whose nudge() the waits below call

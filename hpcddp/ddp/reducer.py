@@ -195,6 +195,7 @@ class Reducer:
     def prepare_for_backward(self, sync: bool) -> None:
         """Arm the hooks for the backward that follows this forward."""
         self._armed, self._sync, self._callback_queued = True, sync, False
+        self.transport.deferred = False  # a backward that raised left it on
         if not sync:
             return
         self.transport.channel.begin_step()  # for the watchdog's report of uneven inputs
@@ -221,6 +222,7 @@ class Reducer:
         if not self._callback_queued:
             queue_backward_callback(self._finalize)
             self._callback_queued, self._backward_began = True, timeline.now()
+            self.transport.deferred = True  # hooks hand launches over, and go on
         if self.static_graph:
             self._fires[index] += 1
             if self._expected is None:  # the first backward: count, reduce at its end
@@ -268,7 +270,7 @@ class Reducer:
         if self.progress_thread and self._pump is None and self._next and helper_threads_allowed(
                 "the progress pump (HPCDDP_PROGRESS_THREAD=1)",
                 "MPI progresses only at gradient hooks"):
-            self._pump = ProgressPump(self.comm)
+            self._pump = ProgressPump()
         return self._next > first
 
     @property
@@ -287,6 +289,7 @@ class Reducer:
             timeline.mark("backward", timeline.COMPUTE, began)
             self._backward_began = 0
         self._armed = False
+        self.transport.deferred = False
         if self._pump is not None:
             self._pump.stop()
             self._pump = None

@@ -87,8 +87,10 @@ _SETTINGS = {
         "checkpoints at the next step and, under Slurm, requeues itself."),
     "PROGRESS_THREAD": _Setting(
         "bool", False,
-        "During backward, a helper thread enters MPI's progress engine about every "
-        "millisecond, in addition to the Test calls made at every gradient hook."),
+        "During backward, hpcddp's MPI thread also tests the buckets in flight between "
+        "gradient hooks (every 50 us to 0.5 ms), not only when a hook launches one: it "
+        "helps where the cores are idle during backward (a GPU's), and costs where they "
+        "compute it."),
     "REDUCE": _Setting(
         "choice", "auto",
         "How gradients and dist.all_reduce are summed. auto: node-aware with several ranks "

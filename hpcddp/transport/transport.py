@@ -75,6 +75,12 @@ class Transport:
         self._unissued: Deque[_Piece] = deque()
         self._issued: List[_Piece] = []  # issued, not yet seen complete
         self.collectives = 0  # MPI operations issued, for inspection
+        # While True (DDP's backward), ``advance`` on the training thread hands its work
+        # to the MPI thread without waiting for it (``_posted``): a gradient hook goes on
+        # computing while the bucket it launched is issued and moved.
+        self.deferred = False
+        self._posted = False  # an advance is posted and not yet made
+        self._failure: Optional[BaseException] = None  # raised by a posted advance
         serial.keep_moving(self)  # a ring in flight moves while its rank waits elsewhere
 
     # -- routes --------------------------------------------------------------------------
@@ -189,8 +195,35 @@ class Transport:
         One call handed to the MPI thread does it all, on this thread's behalf: it holds
         the lock meanwhile."""
         with self.lock:
-            if self._issued or self._unissued:
-                serial.call(self._advance)
+            self._raise_failure()
+            if not (self._issued or self._unissued):
+                return
+            if self.deferred:
+                if self._posted or serial.post(self._posted_advance):
+                    self._posted = True
+                    return
+            serial.call(self._advance)
+
+    def _posted_advance(self) -> bool:
+        """A posted ``advance``, on the MPI thread: made once the lock is free (its
+        holder may be waiting for this thread); an error waits for the next caller."""
+        if not self.lock.acquire(blocking=False):
+            return False
+        try:
+            self._posted = False
+            if self._failure is None:
+                try:
+                    self._advance()
+                except BaseException as error:  # noqa: BLE001 - raised by the next advance
+                    self._failure = error
+        finally:
+            self.lock.release()
+        return True
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
 
     def _advance(self) -> None:
         """``advance``'s work, on the MPI thread while the caller holds the lock (taking
@@ -272,6 +305,7 @@ class Transport:
         .. warning:: Synchronization point: every rank must issue these operations.
         """
         with self.lock:
+            self._raise_failure()
             pieces = [piece for piece in self._issued if not piece.done]
         if not pieces:
             return

@@ -1,6 +1,9 @@
 """Properties a hollow DDP cannot fake: no traffic in no_sync, views, overlap, layouts,
 and errors raised on every rank instead of hangs."""
 
+import copy
+import threading
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,6 +11,7 @@ from mpi4py import MPI
 from torch import nn
 
 import hpcddp
+from hpcddp.comm.owner import OWNER
 from ddp_models import MLP, SometimesUnused, global_batch, share
 
 
@@ -72,6 +76,46 @@ def test_first_allreduce_starts_before_the_last_hook(world, device):
     first_launch = trace.index(("launch", 0))
     last_hook = max(i for i, event in enumerate(trace) if event[0] == "hook")
     assert len(ddp.reducer.buckets) > 2 and first_launch < last_hook
+
+
+def test_gradient_hooks_go_on_while_the_mpi_thread_is_busy(world):
+    """A gradient hook hands its bucket's launch to hpcddp's MPI thread and goes on
+    without waiting for it: the backward reaches its last hook while that thread is held
+    by a step that waits for exactly that, and the gradients are still the global
+    batch's (single-process training is the reference)."""
+    if OWNER.thread is None:
+        pytest.skip("MPI runs below MPI_THREAD_SERIALIZED here: hpcddp has no MPI thread")
+    torch.manual_seed(0)
+    net = MLP(width=64, depth=4)
+    reference = copy.deepcopy(net)
+    ddp = hpcddp.DistributedDataParallel(net, bucket_cap_mb=0.01)
+    _backward(ddp, world)
+    _backward(ddp, world)  # the forward of the second step lays the buckets out again
+    ddp.zero_grad(set_to_none=True)
+    params = list(ddp.parameters())
+    fired, every_hook = [], threading.Event()
+
+    def count(_):  # registered after DDP's own hook on the same parameter
+        fired.append(1)
+        if len(fired) == len(params):
+            every_hook.set()
+    handles = [p.register_post_accumulate_grad_hook(count) for p in params]
+    seen = []
+
+    def hold():  # on the MPI thread, until the training thread has run every hook
+        seen.append(every_hook.wait(20))
+        return True
+    x, y = global_batch(1, world.size)
+    loss = F.mse_loss(ddp(share(x, world.rank)), share(y, world.rank))
+    assert OWNER.post(hold)
+    loss.backward()
+    for handle in handles:
+        handle.remove()
+    assert seen == [True], "a gradient hook waited for the MPI thread"
+    assert len(ddp.reducer.buckets) > 2
+    F.mse_loss(reference(x), y).backward()
+    for mine, expected in zip(params, reference.parameters()):
+        torch.testing.assert_close(mine.grad, expected.grad, rtol=1e-5, atol=1e-6)
 
 
 def test_bucket_layout_rebuilt_identically_on_every_rank(world, device):

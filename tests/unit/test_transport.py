@@ -357,3 +357,31 @@ def test_the_wait_for_every_issued_operation_is_one_the_watchdog_sees(cuda):
         [(f"DDP bucket 3 (collective {transfer.seq} on {t.channel.name})", transfer.seq)]
     transfer.wait(timeout=1)  # its piece is done: it only brings the result back
     assert torch.equal(received, torch.full((3,), 2.0))
+
+
+def test_a_deferred_advance_goes_on_at_once_and_its_error_comes_back_later(cuda):
+    # During DDP's backward a gradient hook posts its launch to the MPI thread and goes
+    # on computing. What that launch meets (an MPI error) must not be lost: the next
+    # call of the training thread raises it.
+    import threading
+
+    from hpcddp.comm import serial
+    from hpcddp.comm.owner import OWNER
+    from hpcddp.transport.transfer import writes
+    if OWNER.thread is None:
+        pytest.skip("MPI runs below MPI_THREAD_SERIALIZED here: hpcddp has no MPI thread")
+    t = transport(cuda)
+    t.deferred = True
+    caller_went_on = threading.Event()
+
+    def issue(binding):  # on the MPI thread, held until the caller has gone on
+        caller_went_on.wait(10)
+        raise RuntimeError("MPI refused the bucket")
+    t.submit("DDP bucket 0", [writes(torch.zeros(4))], issue)
+    caller_went_on.set()
+    for _ in range(2):  # the turn that made the posted advance has ended
+        serial.call(lambda: None)
+    t.deferred = False
+    with pytest.raises(RuntimeError, match="MPI refused the bucket"):
+        t.advance()
+    t.advance()  # raised once, then gone
