@@ -23,6 +23,7 @@ from hpcddp.comm.threads import thread_level_name
 from hpcddp.comm.topology import clone_comm, forget_segment_names, node_layout
 from hpcddp.env import ConfigError, check_not_singleton, detect_launcher, get_setting
 from hpcddp.env.threads import choose_threads, torch_default
+from hpcddp.transport import policy
 
 __all__ = ["World", "device_index", "device_self_test"]
 
@@ -180,51 +181,17 @@ class World(Closable):
         if setting == "staged" and self.cuda_aware:
             self.cuda_aware = False
             self.cuda_aware_reason += "; HPCDDP_REDUCE=staged: staging through host memory"
-        where = "device buffers" if self.cuda_aware and self.device.type == "cuda" else \
-            "pinned host buffers" if self.device.type == "cuda" else "host buffers"
-        layout = f"{self.num_nodes} nodes x {self.local_size} ranks"
-        uniform = len(set(self.comm.allgather(self.local_size))) == 1
-        if setting == "node" and not uniform:
-            raise ConfigError("HPCDDP_REDUCE=node: the nodes hold different numbers of "
-                              "ranks, and the node-aware allreduce needs the same number on "
-                              "each. Start as many ranks on every node, or set "
-                              "HPCDDP_REDUCE=auto")
-        if setting in ("ring", "node"):
-            self.reduction = setting
-            what = "hpcddp's ring" if setting == "ring" else \
-                f"node-aware (within the node, across {self.num_nodes} nodes, within the node)"
-            self.reduction_reason = f"HPCDDP_REDUCE={setting}: {what} on {where}"
-        elif setting in ("mpi", "staged"):
-            self.reduction = "mpi"
-            self.reduction_reason = f"HPCDDP_REDUCE={setting}: MPI's Iallreduce on {where}"
-        elif self.num_nodes > 1 and self.local_size > 1 and uniform and where == "host buffers":
-            # Each node's link carries 2(n-1)/n of the buffer, not 2(p-1)/p or more.
-            self.reduction = "node"
-            self.reduction_reason = (
-                f"HPCDDP_REDUCE=auto: node-aware on {where} ({layout}: shared memory "
-                f"inside the node, then each node sends the least an allreduce can over "
-                f"its link)")
-        elif self.num_nodes > 2 and self.local_size == 1 and where == "host buffers":
-            # Measured on emulated nodes at 1 Gbit/s, 16 MiB on 4 nodes: MPICH's allreduce
-            # moved 0.50-0.59 of the link, the ring 0.93.
-            self.reduction = "ring"
-            self.reduction_reason = (
-                f"HPCDDP_REDUCE=auto: hpcddp's ring on {where} ({layout}: every link "
-                f"carries 2(n-1)/n of the buffer, evenly)")
-        elif where == "device buffers" and self.device_verdict is not None and \
-                self.device_verdict.reduction == "ring":
-            self.reduction = "ring"
-            self.reduction_reason = (
-                f"HPCDDP_REDUCE=auto: hpcddp's ring on {where} (the self-test: "
-                f"{self.device_verdict.iallreduce.reason}, while "
-                f"{self.device_verdict.p2p.reason})")
-        else:
-            self.reduction = "mpi"
-            why = "one node" if self.num_nodes == 1 else \
-                "one rank per node" if self.local_size == 1 else \
-                "nodes with different numbers of ranks" if not uniform else \
-                "GPU buffers"
-            self.reduction_reason = f"HPCDDP_REDUCE=auto: MPI's Iallreduce on {where} ({why})"
+        on_gpu = self.device.type == "cuda"
+        self.reduction_layout = policy.Layout(
+            nodes=self.num_nodes, ranks_per_node=self.local_size,
+            uniform=len(set(self.comm.allgather(self.local_size))) == 1,
+            buffers=policy.DEVICE if self.cuda_aware and on_gpu else
+            policy.PINNED if on_gpu else policy.HOST)
+        verdict = self.device_verdict
+        device_ring = None if verdict is None or verdict.reduction != "ring" else \
+            f"{verdict.iallreduce.reason}, while {verdict.p2p.reason}"
+        self.reduction, self.reduction_reason = policy.for_world(
+            setting, self.reduction_layout, device_ring)
 
     def _confirm_cuda_aware(self) -> None:
         """Run the two-process device-buffer checks once (on rank 0) and keep the verdict:

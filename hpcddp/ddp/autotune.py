@@ -29,9 +29,9 @@ from hpcddp.ddp.search import Search, Setting, Space
 from hpcddp.env import get_setting
 from hpcddp.mpi_library import library_version_line
 from hpcddp.notices import warn_user
+from hpcddp.transport import policy
 
-__all__ = ["Autotuner", "apply_setting", "make_autotuner", "reductions_to_try",
-           "wants_autotune"]
+__all__ = ["Autotuner", "apply_setting", "make_autotuner", "wants_autotune"]
 
 _MIB = 1 << 20
 _LOG_FIELDS = ("trial", "reduction", "bucket_cap_mb", "first_bucket_mb", "large_params_alone",
@@ -52,20 +52,6 @@ def wants_autotune(bucket_cap_mb) -> bool:
     return bucket_cap_mb == "auto" or get_setting("AUTOTUNE")
 
 
-def reductions_to_try(world, setting: str, on_gpu: bool):
-    """The reductions worth measuring: the world's choice first, then the others that
-    can run here. ``HPCDDP_REDUCE`` other than ``auto`` fixes the reduction."""
-    if setting != "auto":
-        return (world.reduction,)
-    names = [world.reduction]
-    if not on_gpu:  # MPI's own on device buffers is only trusted where the world chose it
-        names.append("mpi")
-    names.append("ring")
-    if not on_gpu and world.num_nodes > 1 and world.local_size > 1:
-        names.append("node")
-    return tuple(dict.fromkeys(names))
-
-
 def apply_setting(reducer, setting: Setting, solo_bytes: int) -> None:
     """Give ``reducer`` the reduction and bucket layout of ``setting`` (large host
     parameters alone from ``solo_bytes`` where ``setting.solo``).
@@ -83,7 +69,7 @@ class Autotuner:
     Args:
         reducer: the wrapper's reducer; its ``retune`` applies a setting.
         control: the wrapper's control communicator (the agreement travels there).
-        reductions: the reductions to try (``reductions_to_try``).
+        reductions: the reductions to try (``policy.worth_trying``).
         start: the first setting, the defaults or the user's cap.
         solo_bytes: the size from which host parameters are reduced alone, when they are.
         budget: the most steps the search may take (``HPCDDP_AUTOTUNE_STEPS``).
@@ -282,5 +268,6 @@ def make_autotuner(reducer, control, world) -> Autotuner:
     if budget < 1:
         raise ValueError(f"HPCDDP_AUTOTUNE_STEPS={budget}: the search needs at least one "
                          f"step; give e.g. 64")
-    return Autotuner(reducer, control, reductions_to_try(world, get_setting("REDUCE"), on_gpu),
-                     start, solo_bytes, budget, get_setting("AUTOTUNE_LOG"), fingerprint)
+    reductions = policy.worth_trying(get_setting("REDUCE"), world.reduction, on_gpu,
+                                     world.reduction_layout)
+    return Autotuner(reducer, control, reductions, start, solo_bytes, budget, get_setting("AUTOTUNE_LOG"), fingerprint)

@@ -1,20 +1,21 @@
-"""Which reduction carries an allreduce on one communicator.
+"""The reductions of one communicator, by name, and the one each buffer takes.
 
 The one in use (chosen by ``HPCDDP_REDUCE``, switched between steps by the autotuner),
-except where another does better for the buffer at hand: hpcddp's ring for 16-bit floats
-in host memory, MPI's own ``Iallreduce`` for a buffer no larger than one of the node-aware
-allreduce's slices. Each reduction is made once on first use, kept, and freed with the
-others.
+except where another does better for the buffer at hand (``policy.for_buffer``). Each
+reduction is made once on first use, kept, and freed with the others.
 """
 
 from typing import Dict
 
 import torch
 
+from hpcddp.transport import policy
 from hpcddp.transport.node_aware import NodeAwareAllreduce, NodeGroups
-from hpcddp.transport.reductions import REDUCTIONS, Reduction
+from hpcddp.transport.reductions import MPIAllreduce, Reduction, RingAllreduce
 
-__all__ = ["Reductions", "make_reduction"]
+__all__ = ["REDUCTIONS", "Reductions", "make_reduction"]
+
+REDUCTIONS = {cls.name: cls for cls in (MPIAllreduce, RingAllreduce, NodeAwareAllreduce)}
 
 
 def make_reduction(name: str, comm, cuda) -> Reduction:
@@ -61,28 +62,16 @@ class Reductions:
         self.current = self._get(name)
 
     def for_tensor(self, tensor: torch.Tensor, on_device: bool) -> Reduction:
-        """The ring for 16-bit floats in host memory; MPI's ``Iallreduce`` for a buffer
-        the node-aware allreduce would not cut into slices; else the one in use.
-
-        MPI reduces float16 and bfloat16 in software, element by element: MPICH takes
-        68 ms to sum 12 MiB of float16 across 2 ranks, where 24 MiB of float32 take 9 ms.
-        The ring sums them with torch's vectorized kernels. The node-aware allreduce's
-        three stages cost more than they save on one slice: on 2 nodes x 2 ranks at
-        1 Gbit/s, 1 MiB moved 0.35 of the link node-aware and 0.96 by MPI's.
-        """
+        """The reduction for ``tensor`` (``policy.for_buffer``)."""
         current = self.current
-        if current.name == "node" and \
-                tensor.numel() * tensor.element_size() <= current.slice_bytes:
-            return self._get("mpi")
-        if (current.name == "ring" or on_device or self.comm.size == 1
-                or tensor.dtype not in (torch.float16, torch.bfloat16)):
-            return current
-        return self._get("ring")
+        name = policy.for_buffer(
+            current.name, tensor.numel() * tensor.element_size(),
+            current.slice_bytes, on_device, self.comm.size,
+            tensor.dtype in (torch.float16, torch.bfloat16))
+        return current if name == current.name else self._get(name)
 
     def free(self) -> None:
         """Free what the reductions hold (the node-aware allreduce's communicators)."""
         for reduction in self._made.values():
-            free = getattr(reduction, "free", None)
-            if free is not None:
-                free()
+            reduction.free()
         self._made = {}

@@ -27,6 +27,7 @@ from mpi4py import MPI
 from hpcddp.comm.backoff import Backoff, poll_until
 from hpcddp.comm.ops import mpi_op
 from hpcddp.comm.topology import node_layout
+from hpcddp.transport.reductions import Reduction
 from hpcddp.transport.ring import ring_bounds
 
 __all__ = ["NodeAwareAllreduce", "NodeGroups"]
@@ -114,7 +115,7 @@ class _Slices:
         poll_until(self.Test, Backoff(cap=1e-4))
 
 
-class NodeAwareAllreduce:
+class NodeAwareAllreduce(Reduction):
     """The node-aware allreduce on ``comm`` (see the module's description). Collective
     to construct.
 
@@ -126,7 +127,8 @@ class NodeAwareAllreduce:
 
     def __init__(self, comm, cuda=torch.cuda, groups: Optional[NodeGroups] = None,
                  slice_bytes: int = 4 << 20):
-        self.comm, self.cuda, self.slice_bytes = comm, cuda, slice_bytes
+        super().__init__(comm, cuda)
+        self.slice_bytes = slice_bytes
         groups = groups or NodeGroups(comm)
         why = groups.why_not()
         if why:

@@ -7,7 +7,8 @@
 - ``NodeAwareAllreduce`` (``node_aware.py``): inside the node, across nodes, inside the
   node again, for several ranks per node on a network slower than shared memory.
 
-All return a request: something with ``Test()`` and ``Wait()``.
+All return a request: something with ``Test()`` and ``Wait()``. ``choice.py`` holds them
+all by name and makes each on first use.
 """
 
 from typing import Dict
@@ -16,10 +17,9 @@ import torch
 from mpi4py import MPI
 
 from hpcddp.comm.ops import mpi_op
-from hpcddp.transport.node_aware import NodeAwareAllreduce
 from hpcddp.transport.ring import Ring, ScratchPool
 
-__all__ = ["MPIAllreduce", "NodeAwareAllreduce", "Reduction", "RingAllreduce", "REDUCTIONS"]
+__all__ = ["MPIAllreduce", "Reduction", "RingAllreduce"]
 
 _TAGS = 1 << 14  # the ring's tags: the top of the tag space, away from users' tags
 
@@ -28,6 +28,7 @@ class Reduction:
     """An allreduce algorithm on one communicator."""
 
     name = "reduction"
+    slice_bytes = 0  # a buffer is reduced in slices of this size (0: whole)
 
     def __init__(self, comm, cuda=torch.cuda):
         self.comm, self.cuda = comm, cuda
@@ -35,6 +36,10 @@ class Reduction:
     def start(self, binding, op: str, slot=None):
         """Start reducing ``binding`` (a ``routes.Binding``) in place; return a request."""
         raise NotImplementedError
+
+    def free(self) -> None:
+        """Free what it made for itself (communicators). Collective where it made any;
+        nothing may be in flight."""
 
 
 class MPIAllreduce(Reduction):
@@ -88,6 +93,3 @@ class RingAllreduce(Reduction):
                     self.cuda)
         ring.Test()  # the first messages go out now
         return ring
-
-
-REDUCTIONS = {cls.name: cls for cls in (MPIAllreduce, RingAllreduce, NodeAwareAllreduce)}
