@@ -11,7 +11,9 @@ import argparse
 import copy
 import os
 import sys
+import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -70,14 +72,15 @@ def _stepper(model):
     return step
 
 
-def _paused(world, step):
-    def paused(x, y):
-        world.watchdog.paused = True
-        try:
-            step(x, y)
-        finally:
-            world.watchdog.paused = False
-    return paused
+def thread_cpu_seconds(name: str) -> float:
+    """CPU seconds this process's thread ``name`` has used so far (Linux ``/proc``), 0
+    where there is no such thread."""
+    for thread in threading.enumerate():
+        if thread.name == name and thread.native_id:
+            stat = Path(f"/proc/self/task/{thread.native_id}/stat").read_text()
+            fields = stat.rsplit(")", 1)[1].split()  # after the name, which may hold spaces
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0
 
 
 def _traced(recorder, step):
@@ -159,8 +162,6 @@ def bench_model(name, world, gloo, steps, caps, device):
     threaded = hpcddp.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=25)
     threaded.reducer.progress_thread = True
     variants["hpcddp_progress_thread"] = _stepper(threaded)
-    # The same model as "hpcddp" with the watchdog thread paused: what the thread costs.
-    variants["hpcddp_watchdog_paused"] = _paused(world, _stepper(plain))
     # HPCDDP_DEBUG=detail: every bucket's allreduce is compared across ranks first.
     os.environ["HPCDDP_DEBUG"] = "detail"
     checked = hpcddp.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=25)
@@ -176,11 +177,18 @@ def bench_model(name, world, gloo, steps, caps, device):
     for fn in variants.values():
         for _ in range(3):
             fn(x, y)  # warm-up, includes the bucket rebuild
+    threads = {name: -thread_cpu_seconds(name) for name in ("hpcddp-watchdog", "hpcddp-mpi")}
+    began = time.perf_counter()
     for _ in range(steps):
         for key, fn in variants.items():
             samples[key].append(timed(world.comm, lambda: fn(x, y)))
         samples["raw_allreduce"].append(
             timed(world.comm, lambda: MPI.Intracomm.Allreduce(world.comm, MPI.IN_PLACE, flat)))
+    seconds = time.perf_counter() - began
+    # What the helper threads take of a core while every variant trains: the watchdog's
+    # ticks, and the MPI thread's calls (the reductions' own work included).
+    threads = {name: (used + thread_cpu_seconds(name)) / seconds
+               for name, used in threads.items()}
     spans = len(recorder.events) / (steps + 3)
     recorder.close()
     ms = {k: median_ms(v) for k, v in samples.items()}
@@ -194,7 +202,7 @@ def bench_model(name, world, gloo, steps, caps, device):
         "hpcddp_vs_torch_ddp": ms["hpcddp"] / ms["torch_ddp_gloo"],
         "hpcddp_ring_vs_torch_ddp": ms["hpcddp_ring"] / ms["torch_ddp_gloo"],
         "hpcddp_exposed_vs_raw_allreduce": exposed["hpcddp"] / ms["raw_allreduce"],
-        "watchdog_thread_cost": ms["hpcddp"] / ms["hpcddp_watchdog_paused"] - 1,
+        "thread_cpu_share": threads,
         "debug_detail_cost": ms["hpcddp_debug_detail"] / ms["hpcddp"] - 1,
         "timeline_cost": ms["hpcddp_timeline"] / ms["hpcddp"] - 1,
         "timeline_spans_per_step": spans,
@@ -208,7 +216,8 @@ def bench_model(name, world, gloo, steps, caps, device):
         print(f"  gradient memory: {memory['hpcddp'] / 2**20:.1f} MiB, with "
               f"gradient_as_bucket_view {memory['hpcddp_bucket_view'] / 2**20:.1f} MiB; "
               f"pinned staging {memory['hpcddp_pinned_staging'] / 2**20:.1f} MiB")
-        print(f"  watchdog thread: {result['watchdog_thread_cost']:+.2%} of a step; "
+        print(f"  watchdog thread: {threads['hpcddp-watchdog']:.3%} of a core, MPI thread "
+              f"{threads['hpcddp-mpi']:.1%}; "
               f"HPCDDP_DEBUG=detail: {result['debug_detail_cost']:+.2%}; timeline "
               f"({spans:.0f} spans a step): {result['timeline_cost']:+.2%}")
         print(f"  hpcddp / torch DDP: {result['hpcddp_vs_torch_ddp']:.2f}   "

@@ -69,7 +69,6 @@ class Watchdog(Closable):
         limits = [s for s in (timeout, stall_warn) if s > 0]
         self.tick = min([0.2] + [s / 10 for s in limits])
         self.departed: Dict[int, dict] = {}
-        self.paused = False  # for measuring what the thread costs
         self._leaving = False
         self._leave_wait = None
         self._replies: Dict[int, dict] = {}
@@ -132,8 +131,6 @@ class Watchdog(Closable):
             self._wake.clear()
             if self._stop.is_set():
                 return
-            if self.paused:
-                continue
             if self.threaded:
                 self._serve()
             self._check()

@@ -97,7 +97,6 @@ class Reducer:
         self._pump: Optional[ProgressPump] = None
         self.specs = [ParamSpec(p.numel(), p.element_size(), str(p.dtype), str(p.device))
                       for p in self.params]
-        self.trace: Optional[List[tuple]] = None  # set to [] to record hook/launch events
         # Called with timeline.now() at the first gradient once a synchronized backward
         # and its communication are done (the autotuner's measure).
         self.timer: Optional[Callable[[int], None]] = None
@@ -253,8 +252,6 @@ class Reducer:
         if self.as_view and not _is_view_of(param.grad, bucket.views[k]):
             param.grad = bucket.views[k]
         bucket.pending.discard(index)
-        if self.trace is not None:
-            self.trace.append(("hook", index))
         if not self._launch_ready():
             self.progress()  # a launch has just advanced the transport
 
@@ -264,8 +261,6 @@ class Reducer:
         while self._next < len(self.buckets) and not self.buckets[self._next].pending:
             with timeline.span(f"launch bucket {self._next}", timeline.REDUCER):
                 self.buckets[self._next].start(self.hook)
-            if self.trace is not None:
-                self.trace.append(("launch", self._next))
             self._next += 1
         if self.progress_thread and self._pump is None and self._next and helper_threads_allowed(
                 "the progress pump (HPCDDP_PROGRESS_THREAD=1)",

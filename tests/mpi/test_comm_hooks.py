@@ -146,17 +146,21 @@ def test_post_local_sgd_matches_torch(world, gloo):
 def test_hook_collective_starts_during_backward(world):
     """Overlap is kept: the hook's allreduce is issued before the last gradient hook."""
     ddp = hpcddp.DistributedDataParallel(MLP(width=64, depth=4), bucket_cap_mb=0.01)
-    issued = []
+    events = []
 
     def hook(state, bucket):
-        issued.append(len(ddp.reducer.trace))
+        events.append("comm hook")
         return default_hooks.allreduce_hook(state, bucket)
     ddp.register_comm_hook(None, hook)
-    ddp.reducer.trace = []
+    # Each runs after DDP's own hook on its parameter, which may launch a bucket.
+    handles = [p.register_post_accumulate_grad_hook(lambda _: events.append("gradient"))
+               for p in ddp.parameters()]
     x, y = global_batch(0, world.size)
     F.mse_loss(ddp(share(x, world.rank)), share(y, world.rank)).backward()
-    last_hook = max(i for i, event in enumerate(ddp.reducer.trace) if event[0] == "hook")
-    assert len(ddp.reducer.buckets) > 2 and issued[0] < last_hook
+    for handle in handles:
+        handle.remove()
+    last_gradient = max(i for i, event in enumerate(events) if event == "gradient")
+    assert len(ddp.reducer.buckets) > 2 and events.index("comm hook") < last_gradient
 
 
 def test_hpcddp_compression_matches_torch_fp16_hook(world, gloo):

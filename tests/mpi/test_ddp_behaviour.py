@@ -69,13 +69,23 @@ def test_gradient_as_bucket_view_survives_set_to_none(world, device):
 
 
 def test_first_allreduce_starts_before_the_last_hook(world, device):
+    """Seen in a torch.profiler trace: hpcddp's span of the first bucket's launch begins
+    before the last gradient hook of the backward (one of ours, after DDP's own)."""
     ddp = hpcddp.DistributedDataParallel(MLP(width=64, depth=4).to(device), bucket_cap_mb=0.01)
-    ddp.reducer.trace = []
-    _backward(ddp, world)
-    trace = ddp.reducer.trace
-    first_launch = trace.index(("launch", 0))
-    last_hook = max(i for i, event in enumerate(trace) if event[0] == "hook")
-    assert len(ddp.reducer.buckets) > 2 and first_launch < last_hook
+
+    def mark(_):
+        with torch.profiler.record_function("test::gradient hook"):
+            pass
+    handles = [p.register_post_accumulate_grad_hook(mark) for p in ddp.parameters()]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        _backward(ddp, world)
+    for handle in handles:
+        handle.remove()
+    starts = {}
+    for event in prof.events():
+        starts.setdefault(event.name, []).append(event.time_range.start)
+    assert len(ddp.reducer.buckets) > 2
+    assert min(starts["hpcddp::launch bucket 0"]) < max(starts["test::gradient hook"])
 
 
 def test_gradient_hooks_go_on_while_the_mpi_thread_is_busy(world):
