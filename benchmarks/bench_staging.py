@@ -15,7 +15,7 @@ from mpi4py import MPI
 import hpcddp
 from common import interleaved_ms, make_gloo_group, write
 from hpcddp.transport import Transport
-from hpcddp.pinned import pinned_empty
+from hpcddp.transport.pinned import pinned_empty
 
 
 def _trip(transport, bucket):

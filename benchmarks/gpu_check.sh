@@ -130,11 +130,11 @@ fi
 step versions any 60 "$PY" -c "import sys, torch, mpi4py; from mpi4py import MPI
 print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
       'devices', torch.cuda.device_count(), 'mpi4py', mpi4py.__version__)
-from hpcddp.mpi_library import library_version_line; print(library_version_line())"
+from hpcddp.comm.mpi_library import library_version_line; print(library_version_line())"
 step gpu_present gpu 60 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device')"
 
 # -- 2. the self-test and Open MPI's device Iallreduce --------------------------------------
-step self_test gpu 180 "$PY" -c "from hpcddp.world import device_self_test
+step self_test gpu 180 "$PY" -c "from hpcddp.runtime.world import device_self_test
 v = device_self_test(); print(v.describe()); raise SystemExit(0 if v.p2p.passed else 1)"
 # The raw operation, as a user's own Iallreduce on device memory would run it: expected
 # to crash or be wrong on Open MPI (libnbc reduces with host code), in a job of its own.

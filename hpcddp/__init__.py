@@ -11,10 +11,10 @@ from hpcddp.version import __version__
 
 _PUBLIC = {
     "init": "hpcddp.runtime", "get_world": "hpcddp.runtime", "shutdown": "hpcddp.runtime",
-    "World": "hpcddp.world",
+    "World": "hpcddp.runtime.world",
     "DistributedDataParallel": "hpcddp.ddp.module",
     "DistributedSampler": "hpcddp.data.sampler",
-    "Preemption": "hpcddp.preemption",
+    "Preemption": "hpcddp.runtime.preemption",
     "SyncBatchNorm": "hpcddp.ddp.syncbn",
     "fp16_compress_hook": "hpcddp.ddp.hooks", "bf16_compress_hook": "hpcddp.ddp.hooks",
     "mpi_call": "hpcddp.comm.serial",
@@ -30,12 +30,12 @@ __getattr__, __dir__ = lazy_names(__name__, _PUBLIC)
 # waiting in initialization (hpcddp.comm.abort); this imports no MPI.
 install_early_hook()
 
-# `dist.init_process_group("hpcddp")` works once hpcddp is imported (hpcddp.torch_init):
+# `dist.init_process_group("hpcddp")` works once hpcddp is imported (hpcddp.backend.torch_init):
 # the backend is registered as soon as torch.distributed is, by whoever imports it.
-after_import("torch.distributed", "hpcddp.torch_init:register")
+after_import("torch.distributed", "hpcddp.backend.torch_init:register")
 # torch's own thread count, noted as torch is imported: one the script sets afterwards,
 # before init(), is kept (hpcddp.env.threads).
 after_import("torch", "hpcddp.env.threads:note_torch_default")
 # A rank of a job of several that reaches its first optimizer step with no process group
-# (hpcddp.init() forgotten) raises instead of training alone (hpcddp.torch_init).
-after_import("torch.optim.optimizer", "hpcddp.torch_init:watch_for_training_alone")
+# (hpcddp.init() forgotten) raises instead of training alone (hpcddp.backend.torch_init).
+after_import("torch.optim.optimizer", "hpcddp.backend.torch_init:watch_for_training_alone")

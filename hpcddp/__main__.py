@@ -11,9 +11,9 @@ from hpcddp.version import __version__
 _COMMANDS = {
     "cluster": ("hpcddp.emulated.command", "bring up (or down) an emulated cluster of network "
                 "namespaces on this machine"),
-    "doctor": ("hpcddp.doctor", "check the MPI/torch set-up on every rank and measure MPI"),
+    "doctor": ("hpcddp.tools.doctor", "check the MPI/torch set-up on every rank and measure MPI"),
     "pack": ("hpcddp.data.pack", "write .npy/.npz arrays into an HDF5 file for ShardedLoader"),
-    "timeline": ("hpcddp.timeline_plot", "draw steps of an HPCDDP_TIMELINE trace and measure "
+    "timeline": ("hpcddp.tools.timeline_plot", "draw steps of an HPCDDP_TIMELINE trace and measure "
                  "how much reduction overlaps backward"),
 }
 

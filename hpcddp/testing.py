@@ -37,7 +37,7 @@ def pytest_configure(config):
 
 
 def pytest_report_header(config):
-    from hpcddp.mpi_library import library_version_line
+    from hpcddp.comm.mpi_library import library_version_line
 
     world = _state["world"]
     library = " ".join(library_version_line().split())

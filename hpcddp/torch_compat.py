@@ -2,7 +2,7 @@
 
 torch promises nothing about these names; a release that moves one breaks hpcddp here
 and only here. Each was checked on torch 2.13, the oldest torch setup.cfg allows. torch
-itself is imported only when a function is called: ``hpcddp.torch_init`` uses this
+itself is imported only when a function is called: ``hpcddp.backend.torch_init`` uses this
 module before torch.distributed has finished importing.
 """
 
@@ -35,7 +35,7 @@ def profiler_check():
 
 def rendezvous_handlers() -> dict:
     """torch.distributed's table of rendezvous handlers by URL scheme: the ``env``
-    entry is wrapped (``hpcddp.torch_init``), since ``register_rendezvous_handler``
+    entry is wrapped (``hpcddp.backend.torch_init``), since ``register_rendezvous_handler``
     refuses a scheme that is already registered."""
     return sys.modules["torch.distributed.rendezvous"]._rendezvous_handlers
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 from hpcddp.checkpoint.rng import numpy_state, set_numpy_state
-from hpcddp.notices import warn_user
+from hpcddp.env.notices import warn_user
 
 __all__ = ["capture_hook_state", "restore_hook_state"]
 

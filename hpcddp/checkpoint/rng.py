@@ -9,7 +9,7 @@ import random
 import numpy as np
 import torch
 
-from hpcddp.notices import warn_user
+from hpcddp.env.notices import warn_user
 
 __all__ = ["capture_rng", "numpy_state", "restore_rng", "reseed_rng", "set_numpy_state"]
 

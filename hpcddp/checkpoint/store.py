@@ -17,7 +17,7 @@ import torch
 
 from hpcddp.checkpoint.files import (DIGEST, DIGESTS, HashingWriter, digest_of, publish_dir,
                                      replace_file, writer_alive)
-from hpcddp.notices import warn_user
+from hpcddp.env.notices import warn_user
 from hpcddp.version import __version__
 
 __all__ = ["FORMAT", "Opened", "candidates", "check_writable", "open_candidates",

@@ -10,7 +10,7 @@ from typing import NamedTuple, Optional
 
 from mpi4py import MPI
 
-from hpcddp.mpi_library import mapped_mpi_libraries
+from hpcddp.comm.mpi_library import mapped_mpi_libraries
 
 __all__ = ["CudaAwareness", "detect_cuda_aware", "query_mpix_cuda_support"]
 

@@ -20,7 +20,7 @@ import time
 from typing import NamedTuple, Optional, Sequence
 
 from hpcddp.env.jobvars import clean_environment
-from hpcddp.mpi_library import launcher_of_loaded_mpi
+from hpcddp.comm.mpi_library import launcher_of_loaded_mpi
 
 __all__ = ["CUPY_PAIR_SETUP", "DeviceVerdict", "HOST_PAIR_SETUP", "PAIR_CHECKS", "SelfTest",
            "pair_launcher", "pair_test_code", "run_device_checks", "run_pair_check"]

@@ -25,8 +25,8 @@ from hpcddp.data.readers import BACKENDS, choose_backend
 from hpcddp.data.sampler import chunked_order, global_order, per_rank_count, rank_indices
 from hpcddp.data.shards import ShardedReader, inspect_files, resolve_paths
 from hpcddp.data.workers import Transforms, WorkerPool, transform_batch
-from hpcddp.notices import warn_user
-from hpcddp.pinned import pinned_array
+from hpcddp.env.notices import warn_user
+from hpcddp.transport.pinned import pinned_array
 
 __all__ = ["ShardedLoader"]
 

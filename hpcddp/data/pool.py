@@ -6,7 +6,7 @@ the loader's read rate in measurements here. Buffers are handed out as tensors
 batch is gone, only the pool refers to the array and it is filled again. A batch the
 caller keeps is never overwritten: the pool allocates another buffer instead.
 
-For batches bound for a GPU the pool allocates pinned memory (``hpcddp.pinned``), and
+For batches bound for a GPU the pool allocates pinned memory (``hpcddp.transport.pinned``), and
 the loader holds each batch until its asynchronous copy to the device has completed.
 """
 
@@ -24,7 +24,7 @@ class BufferPool:
 
     Args:
         limit: arrays kept per shape and dtype; beyond it, arrays are not pooled.
-        allocate: makes an array from ``(shape, dtype)``; ``hpcddp.pinned.pinned_array``
+        allocate: makes an array from ``(shape, dtype)``; ``hpcddp.transport.pinned.pinned_array``
             for page-locked memory.
     """
 

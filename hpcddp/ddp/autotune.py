@@ -27,8 +27,8 @@ from mpi4py import MPI
 from hpcddp.comm import activity, timeline
 from hpcddp.ddp.search import Search, Setting, Space
 from hpcddp.env import get_setting
-from hpcddp.mpi_library import library_version_line
-from hpcddp.notices import warn_user
+from hpcddp.comm.mpi_library import library_version_line
+from hpcddp.env.notices import warn_user
 from hpcddp.transport import policy
 
 __all__ = ["Autotuner", "apply_setting", "make_autotuner", "wants_autotune"]

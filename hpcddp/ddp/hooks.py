@@ -21,7 +21,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from hpcddp.torch_compat import future_base
 from hpcddp.transport import Transfer
-from hpcddp.work import deferred_futures, settle
+from hpcddp.backend.work import deferred_futures, settle
 
 __all__ = ["AllreduceMean", "CompressedMean", "FutureHook", "allreduce_hook",
            "bf16_compress_hook", "fp16_compress_hook", "hook_for"]
@@ -117,7 +117,7 @@ class FutureHook:
     Gradients enter the bucket undivided, as in torch: averaging is the hook's business
     (``allreduce_hook`` divides by the group size itself). The collectives the hook starts
     are issued at once, during backward; the futures they return are completed at the
-    end of backward in bucket order (``hpcddp.work.settle``), so that collectives started
+    end of backward in bucket order (``hpcddp.backend.work.settle``), so that collectives started
     from ``.then()`` callbacks are issued in the same order on every rank.
     """
 

@@ -21,7 +21,7 @@ from hpcddp.ddp.sparse import sparse_parameters
 from hpcddp.ddp.stragglers import StragglerCheck
 from hpcddp.ddp.sync import broadcast_tensors, verify_same_parameters
 from hpcddp.env import get_setting
-from hpcddp.groups import comm_of
+from hpcddp.backend.groups import comm_of
 from hpcddp.runtime import get_world
 from hpcddp.transport import Transport
 

@@ -21,7 +21,7 @@ from mpi4py import MPI
 from torch import nn
 
 from hpcddp.comm import lifetime
-from hpcddp.groups import comm_of
+from hpcddp.backend.groups import comm_of
 from hpcddp.runtime import get_world
 from hpcddp.torch_compat import batchnorm_base
 from hpcddp.transport import Transport, reads, writes

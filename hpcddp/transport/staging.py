@@ -16,7 +16,7 @@ from typing import Dict, List
 
 import torch
 
-from hpcddp.pinned import HostBuffer
+from hpcddp.transport.pinned import HostBuffer
 from hpcddp.transport.routes import Binding, Route, host_array, slice_bounds
 
 __all__ = ["StagedRoute"]

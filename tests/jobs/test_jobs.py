@@ -157,7 +157,7 @@ def test_the_heap_is_frozen_as_the_job_exits_unless_off(run_job, tmp_path, when)
     assert job.returncode == 0, job.output[-2000:]
     after_init = [int(n) for n in re.findall(r"frozen after init (\d+)", job.stdout)]
     at_exit = [int(n) for n in re.findall(r"frozen at exit (\d+)", job.stdout)]
-    assert after_init == [0, 0] and len(at_exit) == 2
+    assert after_init == [0, 0] and len(at_exit) == 2, job.output[-2000:]
     if when == "off":
         assert at_exit == [0, 0]
     else:

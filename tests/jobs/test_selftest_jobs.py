@@ -40,7 +40,7 @@ def test_a_crashing_iallreduce_leaves_the_ring_and_says_why():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the verdict without a GPU")
 def test_without_a_gpu_the_device_checks_fail_and_say_why():
-    from hpcddp.world import device_self_test
+    from hpcddp.runtime.world import device_self_test
     verdict = device_self_test()
     assert verdict.reduction == "staged"
     assert "CUDA" in verdict.p2p.reason or "cuda" in verdict.p2p.reason, verdict.p2p.reason

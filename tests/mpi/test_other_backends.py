@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hpcddp.shared_store import SharedStore
+from hpcddp.backend.shared_store import SharedStore
 
 
 def _default_store():

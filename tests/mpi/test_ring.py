@@ -82,7 +82,7 @@ def test_ddp_and_the_torch_group_reduce_as_the_world_decided(world):
     from torch import nn
 
     import hpcddp
-    from hpcddp.process_group import MPIProcessGroup
+    from hpcddp.backend.process_group import MPIProcessGroup
     setting = os.environ.get("HPCDDP_REDUCE", "").lower()
     per_node = Counter(world.comm.allgather(socket.gethostname())).values()
     spread = len(per_node) > 1 and min(per_node) > 1 and len(set(per_node)) == 1

@@ -153,7 +153,7 @@ def test_self_test_runs_as_a_job_of_its_own_from_inside_this_one(world):
 def test_cuda_aware_self_test_on_a_gpu(world):
     from gpu import skip_or_fail_without_gpu
     skip_or_fail_without_gpu("the device-buffer self-test")
-    from hpcddp.world import device_self_test
+    from hpcddp.runtime.world import device_self_test
     verdict = device_self_test()
     # Any verdict is legitimate; what matters is that a non-aware MPI is caught here
     # instead of crashing, and that World agrees with the verdict when it ran.
@@ -172,7 +172,7 @@ def test_world_falls_back_to_staging_when_mpi_crashes_on_device_memory():
     from gpu import skip_or_fail_without_gpu
     skip_or_fail_without_gpu("the fallback after a failed device-buffer self-test")
     world = hpcddp.get_world()  # not the module's fixture: a test above re-initialized
-    from hpcddp.world import device_self_test
+    from hpcddp.runtime.world import device_self_test
     verdict = world.comm.bcast(device_self_test() if world.rank == 0 else None, root=0)
     if verdict.reduction != "staged":
         pytest.skip("this MPI passes the device-buffer self-test: nothing to fall back from")

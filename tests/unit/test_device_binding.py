@@ -2,7 +2,7 @@
 
 import pytest
 
-from hpcddp.world import device_index
+from hpcddp.runtime.world import device_index
 
 
 @pytest.mark.parametrize("visible", [[None] * 4, ["0,1,2,3"] * 4])

@@ -63,7 +63,7 @@ def test_the_backend_is_registered_whichever_is_imported_first(statement):
 
 
 def test_backend_names():
-    from hpcddp.torch_init import names_hpcddp
+    from hpcddp.backend.torch_init import names_hpcddp
 
     assert names_hpcddp("hpcddp") and names_hpcddp("HPCDDP")
     assert names_hpcddp("cpu:hpcddp,cuda:hpcddp")

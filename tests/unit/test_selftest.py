@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hpcddp import mpi_library as library
+from hpcddp.comm import mpi_library as library
 from hpcddp.comm import selftest
 from hpcddp.comm.selftest import DeviceVerdict, SelfTest, pair_launcher, run_pair_check
 from hpcddp.env import clean_environment

@@ -5,7 +5,7 @@ itself there ("OrderedDict mutated during iteration" at the first step)."""
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from hpcddp.torch_init import watch_for_training_alone
+from hpcddp.backend.torch_init import watch_for_training_alone
 
 
 def test_two_steps_run_beside_another_global_hook():

@@ -13,7 +13,7 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from hpcddp.pinned import HostBuffer
+from hpcddp.transport.pinned import HostBuffer
 from hpcddp.transport import Transport
 
 

@@ -5,8 +5,8 @@ backend for one, torch's default group on MPI, and the communicator behind a gro
 import torch
 import torch.distributed as dist
 
-from hpcddp.process_group import BACKEND, MPIProcessGroup
-from hpcddp.shared_store import forget_shared_store, shared_store
+from hpcddp.backend.process_group import BACKEND, MPIProcessGroup
+from hpcddp.backend.shared_store import forget_shared_store, shared_store
 from hpcddp.torch_compat import backend_of
 
 __all__ = ["comm_of", "destroy_default_group", "group_for", "init_default_group"]
@@ -28,7 +28,7 @@ def comm_of(group):
 
 
 def group_for(world, options) -> MPIProcessGroup:
-    """The group torch asks the ``"hpcddp"`` backend for (``hpcddp.torch_init``
+    """The group torch asks the ``"hpcddp"`` backend for (``hpcddp.backend.torch_init``
     registers it): on a duplicate of ``world``'s communicator, or of the part of it that
     holds ``options.global_ranks_in_group``, with the group's ``timeout`` on every wait
     (torch's default is 30 minutes; ``HPCDDP_TIMEOUT``'s watchdog ends the job at 10).

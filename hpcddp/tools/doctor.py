@@ -15,7 +15,7 @@ import numpy as np
 
 from hpcddp.cli import command_parser
 from hpcddp.comm.ranks import by_value, ranks_text
-from hpcddp.mpi_library import library_version_line
+from hpcddp.comm.mpi_library import library_version_line
 
 __all__ = ["main", "rank_report", "find_problems", "find_advice", "allreduce_bandwidth"]
 

@@ -10,7 +10,7 @@ torch's default ``env://`` rendezvous wants ``RANK``, ``WORLD_SIZE``, ``MASTER_A
 ``MASTER_PORT``, and builds a TCP store on that port. An MPI job has none of them, and
 needs none: rank and size come from MPI. For the ``hpcddp`` backend the ``env://``
 rendezvous is answered from MPI instead (``hpcddp.init(torch_group=False)``, then the
-store rank 0 serves for groups of other backends, ``hpcddp.shared_store``): no variables,
+store rank 0 serves for groups of other backends, ``hpcddp.backend.shared_store``): no variables,
 no port to choose. A rank or world size that a framework
 passes (Lightning's ``MPIEnvironment`` passes both, and sets its own ``MASTER_ADDR``) is
 checked against MPI's. Other backends keep torch's rendezvous untouched.
@@ -32,7 +32,7 @@ from hpcddp.torch_compat import default_group, rendezvous_handlers
 
 __all__ = ["BACKEND", "TrainingAloneError", "names_hpcddp", "register", "watch_for_training_alone"]
 
-# hpcddp.process_group.BACKEND, not imported here: that module starts MPI, and
+# hpcddp.backend.process_group.BACKEND, not imported here: that module starts MPI, and
 # registering must not (a spawned DataLoader worker imports hpcddp too).
 BACKEND = "hpcddp"
 
@@ -40,14 +40,14 @@ _state = {}
 
 
 def _load(module: str):
-    # hpcddp.runtime and hpcddp.groups start MPI when imported: only once a group
+    # hpcddp.runtime and hpcddp.backend.groups start MPI when imported: only once a group
     # is really asked for.
     return importlib.import_module(module)
 
 
 def _create_group(options, _pg_options):
     world = _load("hpcddp.runtime")._world_for_backend()
-    return _load("hpcddp.groups").group_for(world, options)
+    return _load("hpcddp.backend.groups").group_for(world, options)
 
 
 def register() -> None:
@@ -118,7 +118,7 @@ def _env_rendezvous(torch_env, url, *args, **kwargs):
     _check_given(world, query.get("rank", os.environ.get("RANK")),
                  query.get("world_size", os.environ.get("WORLD_SIZE")))
     # Ranks find each other through MPI; the store is for groups of other backends.
-    yield (_load("hpcddp.shared_store").shared_store(world), world.rank, world.size)
+    yield (_load("hpcddp.backend.shared_store").shared_store(world), world.rank, world.size)
     raise RuntimeError("hpcddp's rendezvous cannot be repeated: the MPI job is fixed")
 
 
@@ -163,7 +163,7 @@ def _init_once(torch_init):
 
 def _is_hpcddp(group) -> bool:
     try:
-        _load("hpcddp.groups").comm_of(group)
+        _load("hpcddp.backend.groups").comm_of(group)
     except TypeError:
         return False
     return True

@@ -14,7 +14,7 @@ import warnings
 
 __all__ = ["warn_user"]
 
-_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # hpcddp/
 
 
 def warn_user(message: str, category=UserWarning, rank: int = 0) -> None:

@@ -18,7 +18,7 @@ So ``dist.barrier()``, ``dist.all_reduce(loss)``, torch's ``DistributedSampler``
 tensor parallelism, ZeRO, DCP and pipelining run on MPI with no TCP store and no ports,
 and CUDA tensors get the same events and pinned staging as DDP's buckets.
 
-Work is asynchronous (``hpcddp.work``): a collective returns once its MPI request is
+Work is asynchronous (``hpcddp.backend.work``): a collective returns once its MPI request is
 issued, or queued behind its CUDA producer's event.
 """
 
@@ -36,7 +36,7 @@ from hpcddp.transport.layout import (
     check_parts, counts_and_displs, in_place_chunk, overlaps, split_counts, unflatten_into,
     unstack_into)
 from hpcddp.transport.sparse import allreduce_sparse
-from hpcddp.work import RecvWork, Work
+from hpcddp.backend.work import RecvWork, Work
 
 __all__ = ["BACKEND", "MPIProcessGroup"]
 

@@ -3,7 +3,7 @@
 ``init()`` creates the ``World`` (the library's private communicators, device and
 threads), exports torchrun's variables from MPI where unset (``hpcddp.env.torchrun``:
 ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` ...), initializes torch.distributed's default
-group on the ``"hpcddp"`` backend (``import hpcddp`` registered it: ``hpcddp.torch_init``),
+group on the ``"hpcddp"`` backend (``import hpcddp`` registered it: ``hpcddp.backend.torch_init``),
 and installs the abort-on-error hook. Everything hpcddp opens on MPI afterwards (DDP
 wrappers, loaders, process groups, the progress thread) registers with
 ``hpcddp.comm.lifetime``; ``shutdown()`` closes it all, newest first, and frees the
@@ -32,9 +32,9 @@ from hpcddp.comm import lifetime  # noqa: E402
 from hpcddp.comm.abort import abort_job, install_abort_hook, uninstall_abort_hook  # noqa: E402
 from hpcddp.comm.topology import MissingRanksError  # noqa: E402
 from hpcddp.comm.watchdog import Watchdog  # noqa: E402
-from hpcddp.groups import destroy_default_group, init_default_group  # noqa: E402
+from hpcddp.backend.groups import destroy_default_group, init_default_group  # noqa: E402
 from hpcddp.timeline import connect as connect_timeline, start_timeline  # noqa: E402
-from hpcddp.world import World  # noqa: E402
+from hpcddp.runtime.world import World  # noqa: E402
 
 __all__ = ["current_world", "finalize", "get_world", "init", "shutdown"]
 
