@@ -129,10 +129,25 @@ class _OthersWatch:
                 if not entry.name.isdigit() or not self.LAUNCHERS.search(_cmdline(entry.name)):
                     continue
                 try:
-                    if os.getsid(int(entry.name)) != self.ours:
+                    if os.getsid(int(entry.name)) != self.ours and \
+                            not _descends_from(int(entry.name), self.ours):
                         self.seen = True
                 except OSError:
                     pass
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """Whether ``ancestor`` started ``pid``, directly or not: the run's own launcher proxies
+    lead sessions of their own on the emulated nodes, under the run's ``mpiexec``."""
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the parent, after the name
+    return False
 
     def stop(self) -> bool:
         self._stop.set()
