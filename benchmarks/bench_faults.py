@@ -135,6 +135,11 @@ class _OthersWatch:
                 except OSError:
                     pass
 
+    def stop(self) -> bool:
+        self._stop.set()
+        self._thread.join()
+        return self.seen
+
 
 def _descends_from(pid: int, ancestor: int) -> bool:
     """Whether ``ancestor`` started ``pid``, directly or not: the run's own launcher proxies
@@ -148,11 +153,6 @@ def _descends_from(pid: int, ancestor: int) -> bool:
             return False
         pid = int(stat.rsplit(")", 1)[1].split()[1])  # the parent, after the name
     return False
-
-    def stop(self) -> bool:
-        self._stop.set()
-        self._thread.join()
-        return self.seen
 
 
 def _cmdline(pid):
