@@ -120,6 +120,7 @@ class _OthersWatch:
 
     def __init__(self, ours: int):
         self.ours, self.seen, self._stop = ours, False, threading.Event()
+        self._mine = set()  # this run's launchers, still known as its own once orphaned
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
 
@@ -128,9 +129,13 @@ class _OthersWatch:
             for entry in Path("/proc").iterdir():
                 if not entry.name.isdigit() or not self.LAUNCHERS.search(_cmdline(entry.name)):
                     continue
+                pid = int(entry.name)
                 try:
-                    if os.getsid(int(entry.name)) != self.ours and \
-                            not _descends_from(int(entry.name), self.ours):
+                    if pid in self._mine:
+                        continue
+                    if os.getsid(pid) == self.ours or _descends_from(pid, self.ours):
+                        self._mine.add(pid)  # a proxy cut off from mpiexec outlives it
+                    else:
                         self.seen = True
                 except OSError:
                     pass
