@@ -138,12 +138,16 @@ def test_helper_threads_need_serialized_and_below_it_give_way_and_say_so(run_job
 
 
 FREEZE_AT_EXIT = """
-import atexit, gc
+import atexit, gc, os
 import torch
-atexit.register(lambda: print("frozen at exit", gc.get_freeze_count(), flush=True))
+# One write a line: under PYTHONUNBUFFERED a print of several pieces is several writes,
+# and the two ranks' pieces interleave in mpiexec's output.
+def say(text):
+    os.write(1, (text + "\\n").encode())
+atexit.register(lambda: say(f"frozen at exit {gc.get_freeze_count()}"))
 import hpcddp
 hpcddp.init()
-print("frozen after init", gc.get_freeze_count(), flush=True)
+say(f"frozen after init {gc.get_freeze_count()}")
 """
 
 
