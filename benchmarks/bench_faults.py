@@ -1,7 +1,7 @@
 """The fault soak: faults injected at a random moment while emulated nodes train with no
 pause, each kind many times, and how every run ended.
 
-Run as root (it builds its own emulated cluster, ``hpcddp.emulated``, and removes it):
+Run as root (it builds its own emulated cluster, ``tools.testbed``, and removes it):
 
     python benchmarks/bench_faults.py --layout 2x2 --runs 20
     python benchmarks/bench_faults.py --layout 3x1 --runs 20 --level serialized
@@ -40,11 +40,11 @@ import threading
 import time
 from pathlib import Path
 
-from hpcddp.emulated import EmulatedCluster
-from hpcddp.emulated import network
 from hpcddp.env import clean_environment
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the repository's tools/
+from tools.testbed import EmulatedCluster, network  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 SCRIPT = ROOT / "tests/cluster/scripts/train_steps.py"
 TIMEOUT = 10

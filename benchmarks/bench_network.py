@@ -1,5 +1,5 @@
 """hpcddp where the network is the bottleneck: jobs on an emulated cluster of network
-namespaces with tbf-shaped links (``hpcddp.emulated``; root only), every peer measured
+namespaces with tbf-shaped links (``tools.testbed``; root only), every peer measured
 in the same job on the same links.
 
     python benchmarks/bench_network.py            # all of it, about 15 minutes
@@ -25,8 +25,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from hpcddp.emulated import EmulatedCluster  # noqa: E402
-from hpcddp.emulated.network import parse_rate  # noqa: E402
+from tools.testbed import EmulatedCluster  # noqa: E402
+from tools.testbed.network import parse_rate  # noqa: E402
 
 NAME = "hdbench"
 

@@ -15,8 +15,9 @@ from hpcddp.comm.mpi_library import library_version_line
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-# The gloo group the tests compare against is the peer the benchmarks measure.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "mpi"))
+# The gloo group the tests compare against is the peer the benchmarks measure: taken from
+# the tests' shared helpers (tests/support), never from one suite's folder.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from gloo_group import make_gloo_group  # noqa: E402,F401
 
 

@@ -9,8 +9,6 @@ import sys
 from hpcddp.version import __version__
 
 _COMMANDS = {
-    "cluster": ("hpcddp.emulated.command", "bring up (or down) an emulated cluster of network "
-                "namespaces on this machine"),
     "doctor": ("hpcddp.tools.doctor", "check the MPI/torch set-up on every rank and measure MPI"),
     "pack": ("hpcddp.data.pack", "write .npy/.npz arrays into an HDF5 file for ShardedLoader"),
     "timeline": ("hpcddp.tools.timeline_plot", "draw steps of an HPCDDP_TIMELINE trace and measure "

@@ -1,15 +1,10 @@
-"""An emulated cluster of three nodes (network namespaces, ``hpcddp.emulated``) for the
+"""An emulated cluster of three nodes (network namespaces, ``tools.testbed``) for the
 tests in this folder, or a skip that says why. It is removed at the end of the session,
 also when a test fails; ``make test-cluster`` removes it again should pytest be killed."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))
-from hpcddp.emulated import EmulatedCluster, Unavailable  # noqa: E402
+from tools.testbed import EmulatedCluster, SlurmCluster, Unavailable
 
 NAME = "hdtest"  # also in the Makefile's test-cluster target
 
@@ -38,11 +33,9 @@ def healthy(cluster):
 @pytest.fixture(scope="session")
 def slurm_nodes(cluster):
     """A real Slurm on the emulated nodes: slurmctld on the bridge, a slurmd in each node."""
-    from cluster import SlurmCluster, Unavailable as NoSlurm
-
     try:
         slurm = SlurmCluster.start(cpus=2, nodes=cluster)
-    except NoSlurm as why:
+    except Unavailable as why:
         pytest.skip(f"no Slurm on the emulated cluster: {why}")
     yield slurm
     slurm.stop()

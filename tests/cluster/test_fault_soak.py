@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcddp.emulated import EmulatedCluster
-from hpcddp.emulated.network import check_can_build
+from tools.testbed import EmulatedCluster
+from tools.testbed.network import check_can_build
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("ranks_killed", "link_down", "frozen", "stuck", "slow")

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from cluster_util import finish, on_nodes, start_on_nodes, wait_for_line
+from train_output import parameters_digest
 
 TIMEOUT = 10                     # HPCDDP_TIMEOUT of the jobs
 LIMIT = TIMEOUT + 30             # the issue's bound on a report after a fault
@@ -23,19 +24,13 @@ def _train(cluster, ckpt, steps=STEPS, pause=0.0):
     return [SCRIPT, ckpt, steps, "--every", 5, "--pause", pause]
 
 
-def _digest(text):
-    found = re.findall(r"parameters_sha256=([0-9a-f]{64})", text)
-    assert len(found) == 1, text[-3000:]
-    return found[0]
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(cluster, tmp_path_factory):
     """The parameters of the training run no fault touched (the same 2x2 layout)."""
     job = on_nodes(cluster, _train(cluster, tmp_path_factory.mktemp("ref") / "ckpt"),
                    ranks_per_node=2, nodes=cluster.nodes[:2], env=ENV)
     assert job.returncode == 0, job.output[-4000:]
-    return _digest(job.stdout)
+    return parameters_digest(job.stdout)
 
 
 def _ranks_killed(cluster, node):
@@ -98,7 +93,7 @@ def test_fault_ends_the_job_then_a_rerun_resumes(healthy, uninterrupted, tmp_pat
     assert rerun.returncode == 0, rerun.output[-4000:]
     resumed = re.search(r"resumed at step (\d+)", rerun.stdout)
     assert resumed and int(resumed.group(1)) >= 10, rerun.stdout[-2000:]
-    assert _digest(rerun.stdout) == uninterrupted
+    assert parameters_digest(rerun.stdout) == uninterrupted
 
 
 @pytest.mark.parametrize("level", ["multiple", "serialized"])

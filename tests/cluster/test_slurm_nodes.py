@@ -13,7 +13,7 @@ import time
 import pytest
 
 from cluster_util import ROOT
-from slurm_util import final_result as _final, read_log
+from train_output import final_result as _final, read_log
 
 # The ranks' traffic crosses the links, not shared memory (see docs/many-nodes.md).
 ENV = {"PYTHON": sys.executable, "UCX_TLS": "tcp,self"}

@@ -2,16 +2,14 @@
 ever inside MPI at once (``hpcddp.comm.serial``), checked below mpi4py and hpcddp: a
 library preloaded into each rank wraps every MPI function of the MPI library and counts
 each thread's calls and the calls that find another thread inside
-(``tests/tools/mpi_entry_check.py``)."""
+(``tests/support/mpi_entry_check.py``)."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import mpi_entry_check  # noqa: E402
+import mpi_entry_check
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import sys
 import time
 
 from jobs_util import ROOT, clean_env, mpiexec
+from train_output import parameters_digest
 
 
 def _ranks(marker):
@@ -27,10 +28,6 @@ def _ranks(marker):
 
 # Long enough that the signal, sent once epoch 3 is logged, lands well before the end.
 EPOCHS = "16"
-
-
-def _digest(text):
-    return re.search(r"parameters_sha256=(\w+)", text).group(1)
 
 
 def _started(args, log, ready, timeout=120):
@@ -68,7 +65,7 @@ def test_signal_checkpoints_and_exits_then_resume_matches(run_job, tmp_path):
     reference = run_job(["examples/train_digits.py", "--run-dir", tmp_path / "straight",
                          "--epochs", EPOCHS], n=2, timeout=300)
     assert reference.returncode == 0, reference.stderr
-    assert _digest(resumed.stdout) == _digest(reference.stdout)
+    assert parameters_digest(resumed.stdout) == parameters_digest(reference.stdout)
 
 
 def test_ctrl_c_checkpoints_once_says_so_in_one_line_and_resumes(run_job, tmp_path):

@@ -1,13 +1,11 @@
 """A real single-node Slurm for the tests in this folder, or a skip that says why."""
 
 import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cluster import SlurmCluster, Unavailable  # noqa: E402
-from slurm_util import ROOT  # noqa: E402
+from jobs_util import ROOT
+from tools.testbed import SlurmCluster, Unavailable
 
 
 @pytest.fixture(scope="session")

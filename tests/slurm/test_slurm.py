@@ -7,7 +7,8 @@ import time
 
 import torch
 
-from slurm_util import ROOT, final_result as _final, read_log
+from jobs_util import ROOT
+from train_output import final_result as _final, read_log
 
 
 def test_submit_trains_to_accuracy(slurm, submit, tmp_path):

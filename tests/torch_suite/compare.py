@@ -6,12 +6,10 @@
 import argparse
 import json
 import re
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import driver  # noqa: E402
+import driver  # its own folder, the script's, is first on sys.path
 
 
 def main():

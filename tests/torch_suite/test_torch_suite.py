@@ -10,14 +10,11 @@ and 3 ranks; ``HPCDDP_TORCH_SUITE_RANKS=8`` adds the tests that need 8
 
 import json
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import driver  # noqa: E402
-from known import KNOWN  # noqa: E402
+import driver
+from known import KNOWN
 
 RANKS = [int(r) for r in os.environ.get("HPCDDP_TORCH_SUITE_RANKS", "2,3").split(",")]
 

@@ -17,7 +17,7 @@ def hpcddp(*args):
 def test_no_command_or_an_unknown_one_is_a_usage_error(args, message):
     done = hpcddp(*args)
     assert done.returncode == 2
-    assert message in done.stderr and "choose one of cluster, doctor, pack, timeline" in done.stderr
+    assert message in done.stderr and "choose one of doctor, pack, timeline" in done.stderr
     assert done.stderr.startswith("usage: hpcddp") and done.stdout == ""
 
 
@@ -27,7 +27,7 @@ def test_help_is_not_an_error():
 
 
 @pytest.mark.parametrize("args", [("--version",), ("doctor", "--version"), ("pack", "--version"),
-                                  ("timeline", "--version"), ("cluster", "--version")])
+                                  ("timeline", "--version")])
 def test_version_is_the_installed_distributions(args):
     done = hpcddp(*args)
     assert done.returncode == 0

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from hpcddp.comm.launcher_guard import launcher_ancestor
-from hpcddp.emulated import EmulatedCluster
-from hpcddp.emulated.network import parse_rate
+from tools.testbed import EmulatedCluster
+from tools.testbed.network import parse_rate
 
 
 @pytest.mark.parametrize("rate,bits", [("1gbit", 1e9), ("2.5gbit", 2.5e9), ("100mbit", 1e8),

@@ -1,5 +1,5 @@
 """A real Slurm cluster for tests: munge, slurmctld and slurmd on this machine, or one
-slurmd in each node of an emulated cluster (``hpcddp.emulated``).
+slurmd in each node of an emulated cluster (``tools.testbed.nodes``).
 
 Everything lives in a temporary directory and reaches Slurm through ``SLURM_CONF``;
 nothing is written to /etc. Daemons are stopped by PID.
@@ -20,12 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from tools.testbed.errors import Unavailable
+
 PACKAGES = ["slurmd", "slurmctld", "slurm-client", "munge"]
 BINARIES = ["munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "squeue"]
-
-
-class Unavailable(RuntimeError):
-    """Slurm cannot be provided here; the message says why."""
 
 
 def ensure_packages():

@@ -64,7 +64,7 @@ def _subnets_in_use() -> List[ipaddress.IPv4Network]:
 def choose_subnet(name: str) -> ipaddress.IPv4Network:
     """A /24 in 10.200.0.0/13 derived from the cluster's name, overlapping nothing here.
 
-    The name decides it, so ``hpcddp cluster down`` finds the same one; a clash with an
+    The name decides it, so ``python -m tools.testbed down`` finds the same one; a clash with an
     address or route of this machine moves to the next /24.
     """
     used = _subnets_in_use()

@@ -14,7 +14,7 @@
 # OPAL_PREFIX, LD_LIBRARY_PATH for wherever the folder ends up), and
 # build/cuda-mpi.tar.xz to carry.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$PWD
 OUT=$ROOT/build/cuda-mpi
 WORK=$ROOT/build/cuda-mpi-work

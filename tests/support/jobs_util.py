@@ -10,7 +10,6 @@ from pathlib import Path
 from hpcddp.env import clean_environment
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
 BIN = Path(sys.executable).parent
 
 

@@ -2,8 +2,8 @@
 # The whole GPU check in one command, sized for one run of at most 10 minutes on a GPU
 # machine with no network (torch, CuPy, mpi4py there; build/cuda-mpi.tar.xz carried):
 #
-#   OUT=/some/dir bash benchmarks/gpu_check.sh       # every log and figure under $OUT
-#   GPU_CHECK_REHEARSAL=1 bash benchmarks/gpu_check.sh   # here, without a GPU
+#   OUT=/some/dir bash tools/gpu/gpu_check.sh       # every log and figure under $OUT
+#   GPU_CHECK_REHEARSAL=1 bash tools/gpu/gpu_check.sh   # here, without a GPU
 #
 # 1. the CUDA-aware Open MPI from build/cuda-mpi.tar.xz with the stock mpi4py wheel
 #    (MPI4PY_MPIABI=openmpi), and ompi_info's CUDA support;
@@ -31,7 +31,7 @@
 # must fail, and only those (they are marked "gpu" in the summary). It adds the test and
 # benchmark jobs of steps 3 and 4 on host buffers, to prove their commands here.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$PWD
 OUT=${OUT:-$ROOT/gpu-check-out}
 REHEARSAL=${GPU_CHECK_REHEARSAL:-0}

@@ -1,28 +1,31 @@
 """Bring up an emulated cluster on this machine, or take it down (needs root).
 
 Each node is a network namespace with its own hostname, joined to a bridge by a link
-that ``--rate`` shapes (1gbit, 2.5gbit; none: unshaped, which measures the CPU rather
-than a network). Ranks are started on the nodes by MPICH's ``mpiexec`` with the
-arguments ``hpcddp cluster args`` prints::
+that --rate shapes (1gbit, 2.5gbit; none: unshaped, which measures the CPU rather than
+a network). Ranks are started on the nodes by MPICH's mpiexec with the arguments that
+`args` prints. From the repository's root:
 
-    hpcddp cluster up --nodes 2 --rate 1gbit
-    mpiexec $(hpcddp cluster args --ranks-per-node 2) python train.py
-    hpcddp cluster down
+    python -m tools.testbed up --nodes 2 --rate 1gbit
+    mpiexec $(python -m tools.testbed args --ranks-per-node 2) python train.py
+    python -m tools.testbed down
 
-``down`` also kills whatever still runs inside the nodes.
+`down` also kills whatever still runs inside the nodes.
 """
 
+import argparse
 import shlex
 import sys
 
-from hpcddp.cli import command_parser
-from hpcddp.emulated.cluster import EmulatedCluster, Unavailable
+from tools.testbed.errors import Unavailable
+from tools.testbed.nodes import EmulatedCluster
 
-__all__ = ["main"]
+PROG = "python -m tools.testbed"
 
 
 def _parser():
-    parser = command_parser("cluster", __doc__)
+    head, _, rest = __doc__.partition("\n\n")
+    parser = argparse.ArgumentParser(prog=PROG, description=head, epilog=rest,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=("up", "down", "args"))
     parser.add_argument("--name", default="hpcddp",
                         help="what the nodes are named after (default: hpcddp)")
@@ -43,9 +46,8 @@ def main(argv=None) -> int:
             print(f"emulated cluster {cluster.name!r} is up: {nodes}; links "
                   f"{cluster.rate or 'unshaped'}; bridge {cluster.bridge} "
                   f"({cluster.bridge_address})\nstart ranks on it with:\n  mpiexec "
-                  f"$(hpcddp cluster args --name {cluster.name} --ranks-per-node 1) "
-                  f"python train.py\ntake it down with: hpcddp cluster down --name "
-                  f"{cluster.name}")
+                  f"$({PROG} args --name {cluster.name} --ranks-per-node 1) "
+                  f"python train.py\ntake it down with: {PROG} down --name {cluster.name}")
         elif args.action == "down":
             gone = EmulatedCluster.down_by_name(args.name)
             print(f"emulated cluster {args.name!r} " + ("removed" if gone else "was not up"))
@@ -53,6 +55,10 @@ def main(argv=None) -> int:
             cluster = EmulatedCluster.attach(args.name)
             print(shlex.join(cluster.mpiexec_args(args.ranks_per_node)))
     except (Unavailable, FileNotFoundError, ValueError) as why:
-        print(f"hpcddp cluster {args.action}: {why}", file=sys.stderr)
+        print(f"{PROG} {args.action}: {why}", file=sys.stderr)
         return 1
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

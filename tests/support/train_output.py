@@ -1,10 +1,12 @@
-"""Paths and log reading for the Slurm tests."""
+"""Reading what a training job printed: its log, its result line and its parameters'
+digest (``parameters_sha256=...``, which examples/train_digits.py and the test scripts
+print at their end)."""
 
 import os
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+_DIGEST = re.compile(r"parameters_sha256=([0-9a-f]{16,64})")
 
 
 def read_log(path) -> str:
@@ -19,10 +21,19 @@ def read_log(path) -> str:
     return Path(path).read_bytes().decode("utf-8", "replace").replace("\r", "\n")
 
 
+def parameters_digest(text) -> str:
+    """The one parameters digest in ``text``; fails, showing the text's end, when there is
+    none or more than one (a second run's digest in the same output would hide a
+    mismatch)."""
+    found = _DIGEST.findall(text)
+    assert len(found) == 1, f"{len(found)} parameters digests in:\n{text[-3000:]}"
+    return found[0]
+
+
 def final_result(text):
     """``((world_size, test_accuracy), parameters_sha256)`` of train_digits.py's last
     lines in a log; None for what is missing."""
     accuracy = re.search(r"^world_size=(\d+) test_accuracy=([\d.]+)$", text, re.M)
-    digest = re.search(r"^parameters_sha256=(\w+)$", text, re.M)
+    digest = re.search(rf"^{_DIGEST.pattern}$", text, re.M)
     return accuracy and (int(accuracy.group(1)), float(accuracy.group(2))), \
         digest and digest.group(1)

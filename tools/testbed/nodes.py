@@ -1,10 +1,10 @@
 """An emulated cluster on this machine: nodes, their names, and how to start ranks on them.
 
-``EmulatedCluster.up(nodes=2, rate="1gbit")`` builds the nodes (``hpcddp.emulated.network``),
+``EmulatedCluster.up(nodes=2, rate="1gbit")`` builds the nodes (``network``),
 gives each a hostname in ``/etc/hosts`` and writes the launcher shim that MPICH's
 ``mpiexec`` uses in place of ssh. ``down()`` removes all of it, including processes still
 running inside the nodes; ``EmulatedCluster.down_by_name(name)`` does the same from
-another process (``hpcddp cluster down``). Standard library only.
+another process (``python -m tools.testbed down``). Standard library only.
 
 Example::
 
@@ -24,7 +24,8 @@ import subprocess
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from hpcddp.emulated import network
+from tools.testbed import network
+from tools.testbed.errors import Unavailable
 
 __all__ = ["EmulatedCluster", "Unavailable", "STATE_ROOT"]
 
@@ -49,10 +50,6 @@ exec nsenter --net=/run/netns/"$host" unshare --uts sh -c "hostname $host && exe
 
 
 _LAUNCHER_PROXIES = ("hydra_pmi_proxy", "slurmstepd", "slurmd")
-
-
-class Unavailable(RuntimeError):
-    """No emulated cluster can be built here; the message says why."""
 
 
 class EmulatedCluster:
@@ -132,7 +129,7 @@ class EmulatedCluster:
         path = STATE_ROOT / name / "state.json"
         if not path.exists():
             raise FileNotFoundError(f"no emulated cluster {name!r} is up ({path} is missing); "
-                                    f"start one with `hpcddp cluster up --name {name}`")
+                                    f"start one with `python -m tools.testbed up --name {name}`")
         return cls(json.loads(path.read_text()))
 
     @classmethod
