@@ -89,10 +89,11 @@ test-mpi: venv
 # with the mpich wheel: 2 and 3 ranks, and the DDP tests with hpcddp's ring. Open MPI
 # runs as root only when told to, and refuses more ranks than cores unless told it may.
 MPI_FLAVOURS := openmpi impi
-FLAVOUR_MPIEXEC_openmpi = OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+FLAVOUR_MPIEXEC_openmpi = env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
                           .venv-openmpi/bin/mpirun --oversubscribe
 FLAVOUR_MPIEXEC_impi    = .venv-impi/bin/mpiexec
 
+.PRECIOUS: .venv-%/.hpcddp-installed
 .venv-%/.hpcddp-installed: setup.cfg pyproject.toml constraints-dev.txt
 	test -x .venv-$*/bin/python || $(PYTHON3) -m venv .venv-$*
 	.venv-$*/bin/python -m pip install -q --upgrade pip

@@ -51,7 +51,7 @@ def _abort(what, text):
 
     # The world of now: a test may have shut hpcddp down and initialized it again.
     abort_job(get_world().comm, f"{what} FAILED; aborting all ranks so none waits forever",
-              detail=text + "\n")
+              detail=text + "\n", facts={"kind": "test", "test": what})
 
 
 @pytest.hookimpl(hookwrapper=True)

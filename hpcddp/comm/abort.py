@@ -20,6 +20,7 @@ import time
 import traceback
 
 from hpcddp.comm.launcher_guard import end_launcher_later
+from hpcddp.comm.report import write_report
 
 __all__ = ["abort_job", "install_abort_hook", "install_early_hook", "uninstall_abort_hook",
            "ABORT_EXIT_SECONDS"]
@@ -38,10 +39,11 @@ ABORT_LOCK_SECONDS = 2.0
 
 
 def abort_job(comm, message: str, exc_info=None, code: int = 1, detail: str = "",
-              grace: float = 0.0) -> None:
+              grace: float = 0.0, facts=None) -> None:
     """Print ``message`` prefixed with the rank, then a traceback or ``detail`` with each
     line marked by the rank, wait ``grace`` seconds, then abort ``comm``: the launcher
-    ends every rank."""
+    ends every rank. ``facts`` (with ``kind``) and the exception also go to the JSON
+    report where ``HPCDDP_REPORT_DIR`` asks for one (``hpcddp.comm.report``)."""
     head = f"hpcddp: rank {comm.rank} of {comm.size} on {socket.gethostname()}: {message}"
     if isinstance(sys.stderr, io.StringIO):
         # torch's init_process_group wraps sys.excepthook in one that collects what the
@@ -53,6 +55,7 @@ def abort_job(comm, message: str, exc_info=None, code: int = 1, detail: str = ""
         sys.stderr.write(head + "\n" + "".join(f"[rank {comm.rank}] {ln}"
                                                for ln in text.splitlines(True)))
         sys.stderr.flush()
+        write_report(comm.rank, comm.size, message, code, exc_info, facts)
         time.sleep(grace)
     finally:
         _exit_later(ABORT_EXIT_SECONDS)
@@ -111,15 +114,18 @@ def install_abort_hook(comm) -> None:
             where = traceback.extract_tb(tb)[-1] if tb else None
             abort_job(_installed["comm"], "interrupted (Ctrl-C)" + (
                 f" at {where.filename}:{where.lineno}" if where else "") + "; ending the job",
-                code=130)
+                code=130, facts={"kind": "interrupted", "where": (
+                    f"{where.filename}:{where.lineno}" if where else None)})
         abort_job(_installed["comm"], "uncaught exception; aborting all ranks "
-                  "(HPCDDP_ABORT_ON_ERROR=0 turns this off)", (exc_type, exc, tb))
+                  "(HPCDDP_ABORT_ON_ERROR=0 turns this off)", (exc_type, exc, tb),
+                  facts={"kind": "exception"})
 
     def _thread_hook(args):
         if _installed.get("comm") is None or args.exc_type is SystemExit:
             return previous_thread(args)
         abort_job(_installed["comm"], f"uncaught exception in thread {args.thread.name!r}; "
-                  "aborting all ranks", (args.exc_type, args.exc_value, args.exc_traceback))
+                  "aborting all ranks", (args.exc_type, args.exc_value, args.exc_traceback),
+                  facts={"kind": "exception", "thread": args.thread.name})
 
     sys.excepthook = _sys_hook
     threading.excepthook = _thread_hook
@@ -164,7 +170,8 @@ def install_early_hook() -> None:
             # within moments: a short grace lets each print its own before one aborts all.
             abort_job(MPI.COMM_WORLD, "uncaught exception before hpcddp.init() finished; "
                       "aborting all ranks (HPCDDP_ABORT_ON_ERROR=0 turns this off)",
-                      (exc_type, exc, tb), grace=1.0)
+                      (exc_type, exc, tb), grace=1.0,
+                      facts={"kind": "exception", "before_init": True})
         return previous(exc_type, exc, tb)
 
     sys.excepthook = _early_hook

@@ -32,7 +32,7 @@ from mpi4py import MPI
 from hpcddp.comm import activity, serial
 from hpcddp.comm.abort import abort_job
 from hpcddp.comm.lifetime import Closable, free_comm
-from hpcddp.comm.ranks import ranks_text
+from hpcddp.comm.report import describe_rank, different_said, ranks_said, wait_report_text
 from hpcddp.comm.topology import clone_comm
 
 __all__ = ["Watchdog"]
@@ -179,11 +179,13 @@ class Watchdog(Closable):
         for wait in activity.current_waits():
             gone = self._gone_before(wait)
             if gone:
-                self._fail(wait, f"{_ranks(gone)} left the job before reaching it, so it "
-                                 f"can never complete")
+                self._fail(wait, f"{ranks_said(gone)} left the job before reaching it, so it "
+                                 f"can never complete", {"reason": "departed", "departed": gone})
             elif self.timeout and now - wait.since >= self.timeout:
                 self._fail(wait, f"no progress for {now - wait.since:.0f} s "
-                                 f"(HPCDDP_TIMEOUT={self.timeout:g})", defer=True)
+                                 f"(HPCDDP_TIMEOUT={self.timeout:g})",
+                           {"reason": "timeout", "setting": "HPCDDP_TIMEOUT",
+                            "seconds": self.timeout}, defer=True)
             elif self.stall_warn and not wait.warned and now - wait.since >= self.stall_warn:
                 wait.warned = True
                 self._warn(wait)
@@ -221,35 +223,33 @@ class Watchdog(Closable):
         return [r for r in wait.channel.members if r != self.rank
                 and (r not in replies or replies[r]["channels"].get(name, (0, 0))[0] < wait.seq)]
 
-    def _describe(self, rank: int, wait, replies, stack: bool) -> str:
+    # A report is found as data here (the JSON report's fields) and said in words from
+    # that data by hpcddp.comm.report.
+
+    def _state(self, rank: int, replies) -> dict:
+        """What ``rank``, which has not arrived, is doing."""
         if rank in self.departed:
-            return f"rank {rank} has left the job (its script ended, or called sys.exit)"
+            return {"state": "left"}
         reply = replies.get(rank)
         if reply is None:
-            where = f" on {self.hosts[rank]}" if len(set(self.hosts)) > 1 else ""
-            return (f"rank {rank}{where} did not answer within {_ANSWER_SECONDS:g} s (it died, or "
-                    f"holds Python's GIL in a long C call)" if self.threaded else
-                    f"rank {rank}: not asked (MPI thread level below 'serialized')")
+            return {"state": "silent" if self.threaded else "not asked", "node": self.hosts[rank],
+                    "asked_s": _ANSWER_SECONDS}
         if reply["leaving"]:
-            return f"rank {rank} is leaving the job (hpcddp.shutdown() or the end of its script)"
+            return {"state": "leaving"}
         if reply["waits"]:
-            return f"rank {rank} waits in " + "; and in ".join(
-                f"{w['what']} for {w['seconds']:g} s" for w in reply["waits"])
+            return {"state": "waiting", "waits": [{"what": w["what"], "seconds": w["seconds"]}
+                                                  for w in reply["waits"]]}
         last = reply["last"]
-        text = f"rank {rank} is in user code" + (
-            f" (the last hpcddp collective it entered: {last[0]}, collective {last[2]} on "
-            f"{last[1]})" if last else " (it has entered no hpcddp collective yet)")
-        if stack:
-            text += "; its main thread is at:\n" + _indent(reply["stack"])
-        return text
+        return {"state": "user code", "stack": reply["stack"],
+                "last": {"what": last[0], "channel": last[1], "seq": last[2]} if last else None}
 
-    def _hint(self, missing, replies) -> str:
+    def _uneven(self, missing, replies) -> List[dict]:
         """Uneven inputs: ranks that stopped (left, or wait elsewhere) at another DDP step.
 
         A rank in user code may just be slow, so it proves nothing.
         """
         mine = activity.snapshot(stack=False)["channels"]
-        said = []
+        found = []
         for rank in missing:
             note = self.departed.get(rank) or replies.get(rank)
             if note is None or (rank not in self.departed and not note["waits"]):
@@ -257,16 +257,12 @@ class Watchdog(Closable):
             for name, (_, step) in mine.items():
                 theirs = note["channels"].get(name)
                 if name.startswith("DDP") and theirs is not None and theirs[1] != step:
-                    verb = "ended" if rank in self.departed else "waits"
-                    said.append(f"rank {rank} {verb} at step {theirs[1]} of {name} where "
-                                f"this rank is at step {step}")
-        if not said:
-            return ""
-        return (f"\nUneven inputs: {'; '.join(said)}. The ranks had different numbers of "
-                f"batches. Give every rank the same number (DistributedSampler pads, "
-                f"drop_last=True drops), or wrap the training loop in `with model.join():`.")
+                    found.append({"rank": rank, "model": name, "step": theirs[1],
+                                  "this_step": step,
+                                  "state": "ended" if rank in self.departed else "waits"})
+        return found
 
-    def _others_there(self, wait, replies) -> List[str]:
+    def _others_there(self, wait, replies) -> List[dict]:
         """What the ranks that did reach ``wait``'s collective wait in, where it differs."""
         if wait.channel is None:
             return []
@@ -275,50 +271,54 @@ class Watchdog(Closable):
             for other in reply["waits"]:
                 if (other["channel"], other["seq"]) == (wait.channel.name, wait.seq) and \
                         other["call"] != wait.call:
-                    found.append(f"rank {rank} waits in {other['call']}")
+                    found.append({"rank": rank, "call": other["call"]})
         return found
 
-    def _report(self, wait, reason: str, replies) -> str:
+    def _report(self, wait, reason: str, replies, facts: dict):
+        """The report of ``wait`` that cannot complete: (its text, its fields)."""
         missing = self._missing(wait, replies)
-        lines = [f"it waits in {wait.describe()}: {reason}."]
-        if missing:
-            lines.append(f"Not arrived: {_ranks(missing)}.")
-            lines += self._silent_nodes(missing, replies)
-            lines += [self._describe(r, wait, replies, stack=True) for r in missing]
         different = self._others_there(wait, replies)
-        if different:
-            lines.append(f"This rank waits in {wait.call} as collective {wait.seq}, but "
-                         + "; ".join(different) + ": the ranks issued different collectives "
-                         "(HPCDDP_DEBUG=detail names the first difference as it happens).")
-        lines.append(f"This rank's main thread is at:\n{_indent(activity.main_stack())}")
-        return "\n".join(lines) + self._hint(missing, replies) + "\n"
+        uneven = self._uneven(missing, replies)
+        fix = ("give every rank the same number of batches, or wrap the training loop in "
+               "`with model.join():`" if uneven else
+               "set HPCDDP_DEBUG=detail to find where the ranks' collectives differ"
+               if different else None)
+        fields = dict(facts, kind="wait", not_arrived=missing,
+                      ranks={str(r): self._state(r, replies) for r in missing},
+                      silent_nodes=self._silent_nodes(missing, replies),
+                      different_collectives=different, uneven=uneven, fix=fix,
+                      stack=activity.main_stack(),
+                      wait={"what": wait.describe(), "call": wait.call,
+                            "channel": wait.channel.name if wait.channel else None,
+                            "seq": wait.seq})
+        return wait_report_text(fields, reason, len(set(self.hosts)) > 1), fields
 
-    def _silent_nodes(self, missing, replies) -> List[str]:
-        """A line for each other node none of whose ranks answered: it, or its link, failed."""
+    def _silent_nodes(self, missing, replies) -> List[dict]:
+        """Each other node none of whose ranks answered: it, or its link, failed."""
         if len(set(self.hosts)) == 1 or not self.threaded:
             return []
-        lines = []
+        found = []
         for host in sorted(set(self.hosts) - {self.hosts[self.rank]}):
             ranks = [r for r, h in enumerate(self.hosts) if h == host]
             if all(r in missing and r not in replies and r not in self.departed for r in ranks):
-                lines.append(f"No rank on node {host} ({_ranks(ranks)}) answered: that node, "
-                             f"or its network link, has failed.")
-        return lines
+                found.append({"node": host, "ranks": ranks})
+        return found
 
     def _warn(self, wait) -> None:
         replies = self._ask_everyone()
         missing = self._missing(wait, replies)
-        who = "; ".join([self._describe(r, wait, replies, stack=False) for r in missing]
-                        + self._others_there(wait, replies))
+        several = len(set(self.hosts)) > 1
+        who = "; ".join([describe_rank(r, self._state(r, replies), several, stack=False)
+                         for r in missing] + different_said(self._others_there(wait, replies)))
         limit = (f"the job ends after HPCDDP_TIMEOUT={self.timeout:g} s" if self.timeout
                  else "HPCDDP_TIMEOUT=0: it will wait forever")
         sys.stderr.write(f"hpcddp: rank {self.rank}: stalled for {self.stall_warn:g} s "
                          f"(HPCDDP_STALL_WARN) in {wait.describe()}; not arrived: "
-                         f"{_ranks(missing) if missing else 'none'}. {who + '. ' if who else ''}"
+                         f"{ranks_said(missing) if missing else 'none'}. {who + '. ' if who else ''}"
                          f"Still waiting; {limit}.\n")
         sys.stderr.flush()
 
-    def _fail(self, wait, reason: str, defer: bool = False) -> None:
+    def _fail(self, wait, reason: str, facts: dict, defer: bool = False) -> None:
         replies = self._ask_everyone()
         if defer:
             seconds = _DEFER_SECONDS if self._cut_off_from_rank_zero(replies) \
@@ -327,8 +327,9 @@ class Watchdog(Closable):
                 self._defer(seconds)
                 if wait not in activity.current_waits():
                     return  # the link came back and the wait completed
-        abort_job(self.comm, "a wait cannot complete; aborting all ranks",
-                  detail=self._report(wait, reason, replies))
+        text, fields = self._report(wait, reason, replies, facts)
+        abort_job(self.comm, "a wait cannot complete; aborting all ranks", detail=text,
+                  facts=fields)
 
     def _cut_off_from_rank_zero(self, replies) -> bool:
         """Whether this rank is on another node than rank 0's and no rank there answered."""
@@ -386,12 +387,3 @@ def _take(comm):
 
 def _unfinished(requests) -> List["MPI.Request"]:
     return [request for request in requests if not MPI.Request.Test(request)]
-
-
-def _ranks(ranks) -> str:
-    ranks = sorted(ranks)
-    return ("rank " if len(ranks) == 1 else "ranks ") + ranks_text(ranks)
-
-
-def _indent(text: str) -> str:
-    return "".join("    " + line for line in text.splitlines(True))

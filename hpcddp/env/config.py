@@ -101,6 +101,12 @@ _SETTINGS = {
         "CUDA-aware, host buffers otherwise); node: reduce within the node, across nodes, "
         "then share within the node; staged: GPU tensors through pinned host memory and "
         "MPI's allreduce.", ("auto", "mpi", "ring", "node", "staged")),
+    "REPORT_DIR": _Setting(
+        "str", "",
+        "A rank that ends the job (an uncaught exception, Ctrl-C, a wait that cannot "
+        "complete) also writes what it prints as JSON, hpcddp-report-rank<N>.json, in "
+        "this folder: the ranks and nodes named, each missing rank's state, the fix. "
+        "For batch scripts that decide whether to requeue. Empty: text only."),
     "SELFTEST_LAUNCHER": _Setting(
         "str", "",
         "The command that starts the device-buffer self-test's two processes, before "

@@ -102,7 +102,8 @@ def init(comm=None, *, torch_group: Optional[bool] = None,
     try:
         world = World(comm, timeout=seconds)
     except MissingRanksError as error:
-        abort_job(MPI.COMM_WORLD if comm is None else comm, str(error))
+        abort_job(MPI.COMM_WORLD if comm is None else comm, str(error),
+                  facts={"kind": "startup", "setting": "HPCDDP_TIMEOUT"})
     try:
         world.torchrun_exported = _export_torchrun_variables(world)
     except ConfigError:

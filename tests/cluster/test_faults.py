@@ -11,6 +11,7 @@ import time
 import pytest
 
 from cluster_util import finish, on_nodes, start_on_nodes, wait_for_line
+from reports import the_report
 from train_output import parameters_digest
 
 TIMEOUT = 10                     # HPCDDP_TIMEOUT of the jobs
@@ -59,8 +60,10 @@ def test_fault_ends_the_job_then_a_rerun_resumes(healthy, uninterrupted, tmp_pat
     victim = cluster.nodes[1]
     ckpt = tmp_path / "ckpt"
     # A pause per step keeps training going long enough for the fault to land mid-run.
+    reports = tmp_path / "reports"
     proc = start_on_nodes(cluster, _train(cluster, ckpt, steps=10_000, pause=0.1),
-                          ranks_per_node=2, nodes=cluster.nodes[:2], env=ENV)
+                          ranks_per_node=2, nodes=cluster.nodes[:2],
+                          env=dict(ENV, HPCDDP_REPORT_DIR=str(reports)))
     seen = wait_for_line(proc, "step 12", timeout=180)
     FAULTS[fault](cluster, victim)
     faulted = time.monotonic()
@@ -80,8 +83,12 @@ def test_fault_ends_the_job_then_a_rerun_resumes(healthy, uninterrupted, tmp_pat
     elif fault == "node_lost":
         assert took < TIMEOUT, f"took {took:.0f} s: the launcher should have seen it at once"
     else:
-        assert f"No rank on node {victim} (ranks 2,3) answered" in job.output, job.output
-        assert f"no progress for {TIMEOUT} s" in job.output
+        # Rank 0's side reports (the lowest rank's report), naming the silent node.
+        report = the_report(reports, "wait", job.output)
+        assert report["rank"] in (0, 1), report
+        assert (report["reason"], report["seconds"]) == ("timeout", float(TIMEOUT))
+        assert report["silent_nodes"] == [{"node": victim, "ranks": [2, 3]}], report
+        assert f"hpcddp: rank {report['rank']} of 4 on {report['host']}: " in job.output
         # The far side sees rank 0's node silent too; it leaves the report to rank 0's.
         assert f"No rank on node {cluster.nodes[0]}" not in job.output, job.output
 
@@ -97,17 +104,19 @@ def test_fault_ends_the_job_then_a_rerun_resumes(healthy, uninterrupted, tmp_pat
 
 
 @pytest.mark.parametrize("level", ["multiple", "serialized"])
-def test_watchdog_names_the_stuck_rank_and_its_node(cluster, level):
+def test_watchdog_names_the_stuck_rank_and_its_node(cluster, level, tmp_path):
     # rank 1, alone on the second node, sleeps in user code while the others wait.
     job = on_nodes(cluster, ["tests/jobs/scripts/stuck.py", "sleep"], ranks_per_node=1,
                    nodes=cluster.nodes, timeout=120,
                    env={"HPCDDP_TIMEOUT": "4", "HPCDDP_STALL_WARN": "2",
-                        "MPI4PY_RC_THREAD_LEVEL": level})
+                        "MPI4PY_RC_THREAD_LEVEL": level, "HPCDDP_REPORT_DIR": str(tmp_path)})
     assert not job.timed_out and job.returncode != 0, job.output[-4000:]
-    assert "Not arrived: rank 1." in job.stderr, job.stderr
-    assert "rank 1 is in user code" in job.stderr
-    assert "time.sleep(10_000)" in job.stderr  # its stack, fetched across the link
-    assert "No rank on node" not in job.stderr  # its node answered
+    report = the_report(tmp_path, "wait", job.output)
+    assert report["not_arrived"] == [1], report
+    assert report["ranks"]["1"]["state"] == "user code"
+    assert "time.sleep(10_000)" in report["ranks"]["1"]["stack"]  # fetched across the link
+    assert report["silent_nodes"] == []  # its node answered
+    assert f"hpcddp: rank {report['rank']} of 3 on {report['host']}: " in job.stderr
 
 
 @pytest.mark.parametrize("level", ["multiple", "serialized"])
@@ -119,9 +128,11 @@ def test_a_link_down_mid_training_with_no_pause_is_named(healthy, tmp_path, leve
     SIGSEGV here at 'multiple')."""
     cluster = healthy
     victim = cluster.nodes[1]
+    reports = tmp_path / "reports"
     proc = start_on_nodes(cluster, _train(cluster, tmp_path / "ckpt", steps=100_000),
                           ranks_per_node=2, nodes=cluster.nodes[:2],
-                          env=dict(ENV, MPI4PY_RC_THREAD_LEVEL=level))
+                          env=dict(ENV, MPI4PY_RC_THREAD_LEVEL=level,
+                                   HPCDDP_REPORT_DIR=str(reports)))
     seen = wait_for_line(proc, "step 40", timeout=180)
     _link_down(cluster, victim)
     faulted = time.monotonic()
@@ -129,5 +140,6 @@ def test_a_link_down_mid_training_with_no_pause_is_named(healthy, tmp_path, leve
     took = time.monotonic() - faulted
     assert not job.timed_out, f"the job hung:\n{job.output[-4000:]}"
     assert job.returncode != 0 and took <= LIMIT, f"{took:.0f} s\n{job.output[-4000:]}"
-    assert f"No rank on node {victim} (ranks 2,3) answered" in job.output, job.output[-4000:]
+    report = the_report(reports, "wait", job.output)
+    assert report["silent_nodes"] == [{"node": victim, "ranks": [2, 3]}], report
     assert "EXIT CODE: 11" not in job.output, job.output[-4000:]  # no rank died of SIGSEGV

@@ -1,13 +1,17 @@
 """No job hangs: each way a rank can go wrong ends the whole job, soon, naming the rank.
 
 Every job runs with a short HPCDDP_TIMEOUT and under a hard timeout of its own; each test
-asserts the exit code, the message and how long the job took.
+asserts the exit code, how long the job took and what the report means, through the
+fields of the JSON report the reporting rank writes (HPCDDP_REPORT_DIR), and that the
+report's headline reached stderr. Its wording is tested once, in
+tests/unit/test_report_words.py.
 """
 
 import os
 import re
 
 import pytest
+from reports import read_reports, the_report
 
 TIMEOUT = 4.0      # HPCDDP_TIMEOUT of the jobs
 STALL = 2.0        # HPCDDP_STALL_WARN
@@ -16,11 +20,17 @@ QUICK = 15.0       # a job that must end without waiting for the timeout
 ENV = {"HPCDDP_TIMEOUT": str(TIMEOUT), "HPCDDP_STALL_WARN": str(STALL)}
 
 
-def _stuck(run_job, scenario, n, env=None):
+def _stuck(run_job, scenario, n, folder, env=None):
     job = run_job(["tests/jobs/scripts/stuck.py", scenario], n=n, timeout=90,
-                  env=dict(ENV, **(env or {})))
+                  env=dict(ENV, HPCDDP_REPORT_DIR=str(folder), **(env or {})))
     assert not job.timed_out, f"{scenario} hung:\n{job.output[-3000:]}"
     return job
+
+
+def _said(job, report):
+    """The report's headline, naming its rank, reached the job's stderr."""
+    head = f"hpcddp: rank {report['rank']} of {report['size']} on {report['host']}: "
+    assert head + report["message"] in job.stderr, job.stderr[-3000:]
 
 
 def _left_behind(job):
@@ -39,79 +49,101 @@ def _failed_within(job, seconds):
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_healthy_job_ends_cleanly(run_job, n):
+def test_healthy_job_ends_cleanly(run_job, n, tmp_path):
     # The control: the watchdog and the leaving handshake end nothing that is well.
-    job = _stuck(run_job, "healthy", n)
+    job = _stuck(run_job, "healthy", n, tmp_path)
     assert job.returncode == 0, job.output
     assert job.stdout.count("finished") == n
     assert "hpcddp: rank" not in job.stderr
+    assert read_reports(tmp_path) == {}
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_uneven_inputs_that_end_name_the_rank_and_suggest_join(run_job, n):
-    job = _stuck(run_job, "uneven_exit", n)
+def test_uneven_inputs_that_end_name_the_rank_and_suggest_join(run_job, n, tmp_path):
+    job = _stuck(run_job, "uneven_exit", n, tmp_path)
     _failed_within(job, QUICK)
-    assert f"hpcddp: rank 1 of {n}" in job.stderr
-    others = "rank 0" if n == 2 else "ranks 0,2"
-    assert f"{others} left the job before reaching it" in job.stderr
-    assert "ended at step 4 of DDP model #0 where this rank is at step 5" in job.stderr
-    assert "with model.join():" in job.stderr
+    report = the_report(tmp_path, "wait", job.output)
+    _said(job, report)
+    others = [r for r in range(n) if r != 1]
+    assert (report["rank"], report["reason"], report["departed"]) == (1, "departed", others)
+    assert report["uneven"] == [{"rank": r, "model": "DDP model #0", "step": 4,
+                                 "this_step": 5, "state": "ended"} for r in others]
+    assert "model.join()" in report["fix"]
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_uneven_inputs_then_a_barrier_end_at_the_timeout(run_job, n):
-    job = _stuck(run_job, "uneven_barrier", n)
+def test_uneven_inputs_then_a_barrier_end_at_the_timeout(run_job, n, tmp_path):
+    job = _stuck(run_job, "uneven_barrier", n, tmp_path)
     _failed_within(job, TIMEOUT + MARGIN)
+    # The stall warning, printed once before the timeout (its one wording test).
     assert f"stalled for {STALL:g} s (HPCDDP_STALL_WARN)" in job.stderr
-    assert "Not arrived: rank 1." in job.stderr
-    assert "rank 1 waits at step 5 of DDP model #0 where this rank is at step 4" in job.stderr
-    assert "with model.join():" in job.stderr
+    report = the_report(tmp_path, "wait", job.output)
+    _said(job, report)
+    assert (report["reason"], report["setting"], report["seconds"]) == \
+        ("timeout", "HPCDDP_TIMEOUT", TIMEOUT)
+    assert report["not_arrived"] == [1] and report["ranks"]["1"]["state"] == "waiting"
+    assert report["uneven"] == [{"rank": 1, "model": "DDP model #0", "step": 5,
+                                 "this_step": 4, "state": "waits"}]
+    assert "model.join()" in report["fix"]
     assert _left_behind(job) == [], job.output  # the abort left nothing in /dev/shm
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_rank_in_user_code_is_named_with_its_stack(run_job, n):
-    job = _stuck(run_job, "sleep", n)
+def test_rank_in_user_code_is_named_with_its_stack(run_job, n, tmp_path):
+    job = _stuck(run_job, "sleep", n, tmp_path)
     _failed_within(job, TIMEOUT + MARGIN)
-    assert f"no progress for {TIMEOUT:.0f} s (HPCDDP_TIMEOUT={TIMEOUT:g})" in job.stderr
-    assert "it waits in allreduce (sum) of 3 float32" in job.stderr
-    assert "Not arrived: rank 1." in job.stderr
-    assert "rank 1 is in user code" in job.stderr
-    assert "time.sleep(10_000)" in job.stderr  # rank 1's main-thread stack
+    report = the_report(tmp_path, "wait", job.output)
+    _said(job, report)
+    assert (report["reason"], report["seconds"]) == ("timeout", TIMEOUT)
+    assert report["wait"]["what"].startswith("allreduce (sum) of 3 float32")
+    assert report["not_arrived"] == [1]
+    stuck = report["ranks"]["1"]
+    assert stuck["state"] == "user code"
+    assert "time.sleep(10_000)" in stuck["stack"]  # rank 1's main thread
+    assert report["uneven"] == [] and report["fix"] is None
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_mismatched_collectives_are_named(run_job, n):
-    job = _stuck(run_job, "mismatch", n)
+def test_mismatched_collectives_are_named(run_job, n, tmp_path):
+    job = _stuck(run_job, "mismatch", n, tmp_path)
     _failed_within(job, TIMEOUT + MARGIN)
-    assert "the ranks issued different collectives" in job.stderr
-    assert re.search(r"rank 0 waits in allreduce \(sum\) of float32\[3\]|rank 1 waits in "
-                     r"broadcast from rank 0 of float32\[3\]", job.stderr)
+    report = the_report(tmp_path, "wait", job.output)
+    _said(job, report)
+    calls = {0: "allreduce (sum) of float32[3]", 1: "broadcast from rank 0 of float32[3]"}
+    mine = calls[min(report["rank"], 1)]
+    assert report["wait"]["call"] == mine
+    others = report["different_collectives"]
+    assert others and all(d["call"] != mine and d["call"] in calls.values() for d in others)
+    assert "HPCDDP_DEBUG=detail" in report["fix"]
 
 
-def test_mismatch_check_raises_on_every_rank_at_once(run_job):
-    job = _stuck(run_job, "mismatch", 3, env={"HPCDDP_DEBUG": "detail"})
+def test_mismatch_check_raises_on_every_rank_at_once(run_job, tmp_path):
+    job = _stuck(run_job, "mismatch", 3, tmp_path, env={"HPCDDP_DEBUG": "detail"})
     _failed_within(job, QUICK)
-    assert "CollectiveMismatch" in job.stderr
+    report = the_report(tmp_path, "exception", job.output)
+    _said(job, report)
+    assert report["exception"]["type"] == "CollectiveMismatch"
     assert ("rank 0 issues collective 1: allreduce (sum) of float32[3]; ranks 1,2 issue "
-            "collective 1: broadcast from rank 0 of float32[3]") in job.stderr
-    assert "no progress for" not in job.stderr  # raised, not timed out
+            "collective 1: broadcast from rank 0 of float32[3]") in report["exception"]["message"]
+    assert not any(r["kind"] == "wait" for r in read_reports(tmp_path).values())  # raised
 
 
 @pytest.mark.parametrize("code", [3, 0])
 @pytest.mark.parametrize("n", [2, 3])
-def test_rank_that_exits_mid_training_ends_the_job(run_job, n, code):
-    job = _stuck(run_job, f"exit{code}", n)
+def test_rank_that_exits_mid_training_ends_the_job(run_job, n, code, tmp_path):
+    job = _stuck(run_job, f"exit{code}", n, tmp_path)
     _failed_within(job, QUICK)
-    assert "rank 1 left the job before reaching it" in job.stderr
-    assert "rank 1 has left the job (its script ended, or called sys.exit)" in job.stderr
+    report = the_report(tmp_path, "wait", job.output)
+    _said(job, report)
+    assert (report["reason"], report["departed"]) == ("departed", [1])
+    assert report["ranks"]["1"] == {"state": "left"}
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_rank_killed_mid_step_ends_the_job(run_job, n):
+def test_rank_killed_mid_step_ends_the_job(run_job, n, tmp_path):
     # The launcher sees the death and ends the job; no rank can speak after SIGKILL, so
     # the message is the launcher's, naming the process.
-    job = _stuck(run_job, "sigkill", n)
+    job = _stuck(run_job, "sigkill", n, tmp_path)
     _failed_within(job, QUICK)
     assert "signal 9" in job.output or "Killed" in job.output
     # Every rank died without MPI_Finalize: the MPI's named segment is gone all the same.
@@ -120,36 +152,47 @@ def test_rank_killed_mid_step_ends_the_job(run_job, n):
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_rank_stuck_in_a_dataloader_worker_is_named(run_job, n):
-    job = _stuck(run_job, "loader_worker", n)
+def test_rank_stuck_in_a_dataloader_worker_is_named(run_job, n, tmp_path):
+    job = _stuck(run_job, "loader_worker", n, tmp_path)
     _failed_within(job, TIMEOUT + MARGIN)
-    assert "Not arrived: rank 1." in job.stderr
-    assert "rank 1 is in user code" in job.stderr
-    assert "dataloader.py" in job.stderr  # its stack: waiting for a worker's batch
-    assert "Uneven inputs" not in job.stderr  # a rank in user code may just be slow
+    report = the_report(tmp_path, "wait", job.output)
+    _said(job, report)
+    assert report["not_arrived"] == [1] and report["ranks"]["1"]["state"] == "user code"
+    assert "dataloader.py" in report["ranks"]["1"]["stack"]  # waiting for a worker's batch
+    assert report["uneven"] == []  # a rank in user code may just be slow
 
 
 @pytest.mark.parametrize("mode, quick", [("hpcddp", True), ("hpcddp+mpi4py", True),
                                          ("bare", False), ("bare+mpi4py", False)])
-def test_rank_that_fails_before_init_ends_the_job(run_job, mode, quick):
-    job = run_job(["tests/jobs/scripts/fail_before_init.py", mode], n=3, timeout=90, env=ENV)
+def test_rank_that_fails_before_init_ends_the_job(run_job, mode, quick, tmp_path):
+    job = run_job(["tests/jobs/scripts/fail_before_init.py", mode], n=3, timeout=90,
+                  env=dict(ENV, HPCDDP_REPORT_DIR=str(tmp_path)))
     assert not job.timed_out, job.output[-3000:]
     _failed_within(job, QUICK if quick else TIMEOUT + MARGIN)
-    assert "deliberate failure on rank one" in job.stderr
+    assert "deliberate failure on rank one" in job.stderr  # Python's own traceback
     assert "must not happen" not in job.stdout
     if mode.startswith("hpcddp"):  # hpcddp was imported: its hook aborts at once
-        assert "hpcddp: rank 1 of 3" in job.stderr and "before hpcddp.init()" in job.stderr
+        report = the_report(tmp_path, "exception", job.output)
+        _said(job, report)
+        assert (report["rank"], report["size"], report["before_init"]) == (1, 3, True)
+        assert report["exception"] == {"type": "ImportError", "message":
+                                       "deliberate failure on rank one before hpcddp.init()"}
     elif mode == "bare":  # MPI never started on rank 1: the others wait in MPI_Init
         assert re.search(r"hpcddp: rank [02] \(PMI_RANK\): MPI_Init did not return within",
                          job.stderr)
-    else:
-        assert "not every one of the 3 ranks reached hpcddp.init()" in job.stderr
+    else:  # the others, in hpcddp.init(), find a rank missing
+        report = the_report(tmp_path, "startup", job.output)
+        _said(job, report)
+        assert report["rank"] != 1 and report["setting"] == "HPCDDP_TIMEOUT"
 
 
 def test_file_truncated_under_the_loader_is_an_error_naming_rank_and_file(run_job, tmp_path):
-    job = run_job(["tests/jobs/scripts/truncated_data.py", tmp_path], n=2, timeout=90, env=ENV)
+    job = run_job(["tests/jobs/scripts/truncated_data.py", tmp_path], n=2, timeout=90,
+                  env=dict(ENV, HPCDDP_REPORT_DIR=str(tmp_path / "reports")))
     _failed_within(job, QUICK)
     assert job.returncode != 7, "SIGBUS: the reader touched pages past the file's end"
-    assert re.search(r"rank [01]\b.*DataFileError", job.stderr), job.stderr[-3000:]
-    assert f"{tmp_path}/train.h5 shrank to 4096 bytes" in job.stderr
+    report = the_report(tmp_path / "reports", "exception", job.output)
+    _said(job, report)
+    assert report["exception"]["type"] == "DataFileError"
+    assert f"{tmp_path}/train.h5 shrank to 4096 bytes" in report["exception"]["message"]
     assert "read every batch" not in job.stdout

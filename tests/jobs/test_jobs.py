@@ -4,46 +4,62 @@ import os
 import re
 
 import pytest
+from reports import the_report
 
 FAIL_FAST = 15.0  # seconds within which a failed job must have ended
 
 
-def test_exception_on_one_rank_aborts_the_whole_job(run_job):
-    job = run_job(["tests/jobs/scripts/raise_on_rank1.py"], n=3, timeout=60)
+def _reported(tmp_path):
+    return {"HPCDDP_REPORT_DIR": str(tmp_path)}
+
+
+def test_exception_on_one_rank_aborts_the_whole_job(run_job, tmp_path):
+    job = run_job(["tests/jobs/scripts/raise_on_rank1.py"], n=3, timeout=60,
+                  env=_reported(tmp_path))
     assert not job.timed_out and job.returncode != 0
     assert job.seconds < FAIL_FAST, f"took {job.seconds:.1f}s to fail"
-    assert "hpcddp: rank 1 of 3" in job.stderr
-    assert "ValueError: deliberate failure on rank one" in job.stderr
+    report = the_report(tmp_path, "exception", job.output)
+    assert (report["rank"], report["size"], report["code"]) == (1, 3, 1)
+    assert report["exception"] == {"type": "ValueError",
+                                   "message": "deliberate failure on rank one"}
+    assert "ValueError: deliberate failure on rank one" in job.stderr  # the traceback
+    assert f"hpcddp: rank 1 of 3 on {report['host']}: {report['message']}" in job.stderr
     assert "must not happen" not in job.stdout
 
 
-def test_without_the_abort_hook_the_watchdog_still_ends_the_job(run_job):
+def test_without_the_abort_hook_the_watchdog_still_ends_the_job(run_job, tmp_path):
     # With the hook off, rank 1 exits normally after its traceback; the rank waiting in
     # the barrier learns that rank 1 has left without reaching it, and ends the job.
     job = run_job(["tests/jobs/scripts/raise_on_rank1.py"], n=2, timeout=60,
-                  env={"HPCDDP_ABORT_ON_ERROR": "0"})
+                  env=dict(_reported(tmp_path), HPCDDP_ABORT_ON_ERROR="0"))
     assert not job.timed_out and job.returncode != 0
     assert job.seconds < FAIL_FAST, f"took {job.seconds:.1f}s to fail"
     assert "uncaught exception" not in job.stderr  # the hook did not act
-    assert "hpcddp: rank 0 of 2" in job.stderr
-    assert "rank 1 left the job before reaching it" in job.stderr
+    report = the_report(tmp_path, "wait", job.output)
+    assert (report["rank"], report["reason"], report["departed"]) == (0, "departed", [1])
+    assert f"hpcddp: rank 0 of 2 on {report['host']}: {report['message']}" in job.stderr
 
 
-def test_failing_test_on_one_rank_ends_the_pytest_job(run_job):
+def test_failing_test_on_one_rank_ends_the_pytest_job(run_job, tmp_path):
     job = run_job(["-m", "pytest", "-q", "-p", "hpcddp.testing",
-                   "tests/jobs/scripts/case_fails_on_one_rank.py"], n=2, timeout=90)
+                   "tests/jobs/scripts/case_fails_on_one_rank.py"], n=2, timeout=90,
+                  env=_reported(tmp_path))
     assert job.returncode != 0
     assert job.seconds < 30, f"took {job.seconds:.1f}s to fail"
-    assert "rank 1 of 2" in job.stderr and "FAILED" in job.stderr
+    report = the_report(tmp_path, "test", job.output)
+    assert report["rank"] == 1 and "case_fails_on_one_rank.py::" in report["test"]
+    assert f"hpcddp: rank 1 of 2 on {report['host']}: {report['message']}" in job.stderr
     assert "deliberate assertion failure on rank one" in job.output
 
 
-def test_failing_test_after_a_reinit_still_ends_the_job(run_job):
+def test_failing_test_after_a_reinit_still_ends_the_job(run_job, tmp_path):
     job = run_job(["-m", "pytest", "-q", "-p", "hpcddp.testing",
-                   "tests/jobs/scripts/case_fails_after_reinit.py"], n=2, timeout=90)
+                   "tests/jobs/scripts/case_fails_after_reinit.py"], n=2, timeout=90,
+                  env=_reported(tmp_path))
     assert job.returncode != 0 and not job.timed_out
     assert job.seconds < 30, f"took {job.seconds:.1f}s to fail"
-    assert "rank 1 of 2" in job.stderr and "after a re-init" in job.output
+    report = the_report(tmp_path, "test", job.output)
+    assert report["rank"] == 1 and "after a re-init" in job.output
 
 
 @pytest.mark.parametrize("variable, fix", [

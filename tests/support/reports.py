@@ -1,0 +1,24 @@
+"""The JSON reports that ranks ending a job write where ``HPCDDP_REPORT_DIR`` says
+(``hpcddp.comm.report``): the tests assert what a failure means through their fields,
+and each message's wording once, in tests/unit/test_report_words.py."""
+
+import json
+from pathlib import Path
+
+
+def read_reports(folder) -> dict:
+    """``{rank: report}`` of every report in ``folder``; none there: ``{}``."""
+    found = {}
+    for path in sorted(Path(folder).glob("hpcddp-report-rank*.json")):
+        report = json.loads(path.read_text())
+        found[report["rank"]] = report
+    return found
+
+
+def the_report(folder, kind, output=""):
+    """The report of ``kind`` written by the lowest rank that wrote one (several ranks
+    can time out at once; the lowest one's verdict is the one the job shows first).
+    Fails, showing ``output``'s end, where there is none."""
+    reports = {rank: r for rank, r in read_reports(folder).items() if r["kind"] == kind}
+    assert reports, f"no {kind!r} report in {folder}:\n{output[-3000:]}"
+    return reports[min(reports)]
