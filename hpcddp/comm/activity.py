@@ -10,12 +10,13 @@ thread; the main thread only writes a few attributes, so the cost on a healthy s
 a handful of attribute stores per collective.
 """
 
+import collections
 import itertools
 import sys
 import threading
 import time
 import traceback
-from typing import Dict, List, Optional, Tuple
+from typing import Deque, Dict, List, Optional, Tuple
 
 from mpi4py import MPI
 
@@ -23,6 +24,8 @@ from hpcddp.comm import serial
 
 __all__ = ["Channel", "blocking", "channel_for", "current_waits", "forget", "main_stack",
            "set_reference", "share", "snapshot", "waited", "waiting"]
+
+_RECENT = 8  # collectives a channel remembers, for a report's different collectives
 
 
 class Channel:
@@ -33,22 +36,28 @@ class Channel:
         members: the members' ranks in the hpcddp world.
         count: collectives issued so far; the last one's sequence number.
         step: for a DDP model, the synchronized backward passes started so far.
+        recent: the last few collectives issued, (number, call): a rank that went past
+            a collective that another rank waits in tells what it issued there (an MPI
+            may complete a broadcast with an allreduce's message).
     """
 
-    __slots__ = ("name", "members", "count", "step")
+    __slots__ = ("name", "members", "count", "step", "recent")
 
     def __init__(self, name: str, members: Tuple[int, ...]):
         self.name, self.members = name, members
         self.count = self.step = 0
+        self.recent: Deque[Tuple[int, str]] = collections.deque(maxlen=_RECENT)
 
     def begin_step(self) -> None:
         """Count one synchronized backward pass of a DDP model, started now."""
         self.step += 1
 
-    def issue(self, what: str) -> int:
-        """Count one collective, ``what``, issued now; return its sequence number."""
+    def issue(self, what: str, call: Optional[str] = None) -> int:
+        """Count one collective, ``what``, issued now; return its sequence number.
+        ``call`` describes it the same way on every rank where ``what`` does not."""
         self.count += 1
         _state.last = (what, self.name, self.count)
+        self.recent.append((self.count, call or what))
         return self.count
 
 
@@ -222,6 +231,7 @@ def snapshot(stack: bool = True) -> dict:
                          **{c.name: (c.count, c.step) for c in list(_state.channels.values())}),
         "waits": [wait.as_dict() for wait in waits],
         "last": _state.last,
+        "recent": {c.name: list(c.recent) for c in list(_state.channels.values())},
         "in_user_code": not any(wait.thread == main for wait in waits),
         "stack": main_stack() if stack else "",
     }

@@ -19,8 +19,9 @@ dashboard. The fields:
   ``not asked``, ``leaving``, ``waiting`` with its ``waits``, or ``user code`` with the
   ``last`` collective it entered and its ``stack``), ``silent_nodes`` (``node``,
   ``ranks``: a node none of whose ranks answered), ``different_collectives`` (``rank``,
-  ``call``), ``uneven`` (``rank``, ``model``, ``step``, ``this_step``, ``state``) and
-  ``fix`` (what to change, where hpcddp knows).
+  ``call``, ``state``: ``waits``, or ``completed`` where the MPI matched the two),
+  ``uneven`` (``rank``, ``model``, ``step``, ``this_step``, ``state``) and ``fix`` (what
+  to change, where hpcddp knows).
 
 Writing is best effort and never delays the abort by more than the write itself: a
 folder that cannot be made or written leaves only the text. Standard library only.
@@ -109,7 +110,8 @@ def describe_rank(rank: int, state: dict, several_nodes: bool, stack: bool) -> s
 
 
 def different_said(different) -> List[str]:
-    return [f"rank {d['rank']} waits in {d['call']}" for d in different]
+    return [f"rank {d['rank']} {'completed' if d.get('state') == 'completed' else 'waits in'} "
+            f"{d['call']}" for d in different]
 
 
 def wait_report_text(fields: dict, reason: str, several_nodes: bool) -> str:

@@ -263,15 +263,20 @@ class Watchdog(Closable):
         return found
 
     def _others_there(self, wait, replies) -> List[dict]:
-        """What the ranks that did reach ``wait``'s collective wait in, where it differs."""
+        """What the ranks that did reach ``wait``'s collective issued there, where it
+        differs: what they wait in, or what they completed and went past (an MPI may
+        match a rank's broadcast with another's allreduce)."""
         if wait.channel is None:
             return []
         found = []
+        name, seq = wait.channel.name, wait.seq
         for rank, reply in sorted(replies.items()):
-            for other in reply["waits"]:
-                if (other["channel"], other["seq"]) == (wait.channel.name, wait.seq) and \
-                        other["call"] != wait.call:
-                    found.append({"rank": rank, "call": other["call"]})
+            there = [("waits", w["call"]) for w in reply["waits"]
+                     if (w["channel"], w["seq"]) == (name, seq)]
+            there = there or [("completed", call) for number, call
+                              in reply.get("recent", {}).get(name, ()) if number == seq]
+            found += [{"rank": rank, "call": call, "state": state}
+                      for state, call in there if call != wait.call]
         return found
 
     def _report(self, wait, reason: str, replies, facts: dict):
@@ -325,8 +330,8 @@ class Watchdog(Closable):
                 else self._lower_rank_timing_out(replies)
             if seconds:
                 self._defer(seconds)
-                if wait not in activity.current_waits():
-                    return  # the link came back and the wait completed
+        if wait not in activity.current_waits():
+            return  # it completed while the others were asked (a slow rank, a link back)
         text, fields = self._report(wait, reason, replies, facts)
         abort_job(self.comm, "a wait cannot complete; aborting all ranks", detail=text,
                   facts=fields)

@@ -166,7 +166,7 @@ class Transport:
                lane: int = timeline.TORCH) -> Transfer:
         seq = None
         if call is not None:
-            seq = self.channel.issue(name)
+            seq = self.channel.issue(name, call)
             if self.check is not None:
                 self.check.verify(self.channel, seq, call)
         with self.lock:

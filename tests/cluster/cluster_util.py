@@ -10,7 +10,7 @@ __all__ = ["ROOT", "on_nodes", "start_on_nodes", "wait_for_line", "finish"]
 
 
 def _command(cluster, argv, ranks_per_node, nodes):
-    return [mpiexec(), *cluster.mpiexec_args(ranks_per_node, nodes), sys.executable,
+    return [*mpiexec(), *cluster.mpiexec_args(ranks_per_node, nodes), sys.executable,
             *map(str, argv)]
 
 

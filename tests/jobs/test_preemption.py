@@ -8,7 +8,8 @@ import subprocess
 import sys
 import time
 
-from jobs_util import ROOT, clean_env, mpiexec
+import pytest
+from jobs_util import ROOT, clean_env, launcher_kind, mpiexec
 from train_output import parameters_digest
 
 
@@ -45,15 +46,30 @@ def _started(args, log, ready, timeout=120):
     return job
 
 
-def test_signal_checkpoints_and_exits_then_resume_matches(run_job, tmp_path):
+# Open MPI 5's launcher (prterun) answers SIGINT and SIGTERM by ending the ranks itself:
+# SIGCONT, SIGTERM 0.25 s later, SIGKILL about 0.2 s after that, and the ranks' output
+# after the SIGTERM is dropped, so no rank can save a checkpoint or say so. Reproducer:
+# `mpirun -n 2 python -c "import signal, time; signal.signal(signal.SIGTERM, lambda *a:
+# None); time.sleep(60)"`, then `kill -INT <mpirun>`: the job ends within half a second.
+# It forwards SIGUSR1 (and SIGUSR2), which is the way to preempt an mpirun job by hand.
+OPEN_MPI_CTRL_C = pytest.mark.xfail(
+    launcher_kind() == "mpirun (Open MPI)", strict=True,
+    reason="Open MPI 5's prterun kills the ranks on SIGINT/SIGTERM within 0.5 s and "
+           "drops their last output (docs/which-mpi.md); SIGUSR1 to mpirun preempts")
+
+
+@pytest.mark.parametrize("to", ["ranks", "launcher"])
+def test_signal_checkpoints_and_exits_then_resume_matches(run_job, tmp_path, to):
+    """SIGUSR1 to each rank (what Slurm's --signal sends) or to the launcher (which
+    passes it to every rank under Hydra and Open MPI alike)."""
     run_dir = tmp_path / "preempted"
-    args = [mpiexec(), "-n", "2", sys.executable, "examples/train_digits.py", "--run-dir",
+    args = [*mpiexec(), "-n", "2", sys.executable, "examples/train_digits.py", "--run-dir",
             str(run_dir), "--epochs", EPOCHS]
     log = tmp_path / "log"
     job = _started(args, log, lambda text: "epoch 3:" in text)
     ranks = _ranks(str(run_dir))
     assert len(ranks) == 2
-    for pid in ranks:
+    for pid in (ranks if to == "ranks" else [job.pid]):
         os.kill(pid, signal.SIGUSR1)
     assert job.wait(timeout=120) == 0, log.read_text()[-3000:]
     text = log.read_text().replace("\r", "\n")
@@ -68,11 +84,12 @@ def test_signal_checkpoints_and_exits_then_resume_matches(run_job, tmp_path):
     assert parameters_digest(resumed.stdout) == parameters_digest(reference.stdout)
 
 
+@OPEN_MPI_CTRL_C
 def test_ctrl_c_checkpoints_once_says_so_in_one_line_and_resumes(run_job, tmp_path):
     """SIGINT to mpiexec (what Ctrl-C in a terminal sends): mpiexec passes it to every rank,
     which save at the same step and exit 130; no traceback, and the next run resumes."""
     run_dir = tmp_path / "interrupted"
-    args = [mpiexec(), "-n", "2", sys.executable, "examples/train_digits.py", "--run-dir",
+    args = [*mpiexec(), "-n", "2", sys.executable, "examples/train_digits.py", "--run-dir",
             str(run_dir), "--epochs", "40"]
     log = tmp_path / "log"
     job = _started(args, log, lambda text: "epoch 2:" in text)
@@ -89,6 +106,7 @@ def test_ctrl_c_checkpoints_once_says_so_in_one_line_and_resumes(run_job, tmp_pa
     assert resumed.returncode == 0 and "resumed from" in resumed.stdout, resumed.stderr
 
 
+@OPEN_MPI_CTRL_C
 def test_ctrl_c_without_preemption_handling_is_one_line_per_rank(run_job, tmp_path):
     """A script that does not use hpcddp.Preemption: the abort hook reports
     KeyboardInterrupt in one line per rank, not a traceback, and the job ends."""
@@ -96,7 +114,7 @@ def test_ctrl_c_without_preemption_handling_is_one_line_per_rank(run_job, tmp_pa
     script.write_text("import time, hpcddp\nhpcddp.init()\nprint('ready', flush=True)\n"
                       "while True:\n    time.sleep(0.01)\n")
     log = tmp_path / "log"
-    job = _started([mpiexec(), "-n", "2", sys.executable, str(script)], log,
+    job = _started([*mpiexec(), "-n", "2", sys.executable, str(script)], log,
                    lambda text: text.count("ready") == 2, timeout=60)
     job.send_signal(signal.SIGINT)
     job.wait(timeout=60)

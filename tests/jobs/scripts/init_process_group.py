@@ -37,7 +37,8 @@ elif how == "framework":
     dist.init_process_group("hpcddp", rank=comm.rank, world_size=comm.size)
     world = hpcddp.init()
 elif how == "wrong-rank":
-    dist.init_process_group("hpcddp", rank=0, world_size=int(os.environ["PMI_SIZE"]))
+    size = os.environ.get("PMI_SIZE") or os.environ["OMPI_COMM_WORLD_SIZE"]  # Hydra, Open MPI
+    dist.init_process_group("hpcddp", rank=0, world_size=int(size))
     world = hpcddp.get_world()
 
 value = torch.tensor([float(dist.get_rank() + 1)])
