@@ -330,8 +330,11 @@ class Watchdog(Closable):
                 else self._lower_rank_timing_out(replies)
             if seconds:
                 self._defer(seconds)
-        if wait not in activity.current_waits():
-            return  # it completed while the others were asked (a slow rank, a link back)
+                if wait not in activity.current_waits():
+                    return  # the link came back and the wait completed
+        # A wait that completes only now, past the timeout, still ends the job: on a link
+        # that crawls, every collective could complete just after it and the job go on
+        # for ever.
         text, fields = self._report(wait, reason, replies, facts)
         abort_job(self.comm, "a wait cannot complete; aborting all ranks", detail=text,
                   facts=fields)
