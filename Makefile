@@ -160,13 +160,16 @@ test-cluster: venv
 
 # A slow target (CI runs it): the cross-node suites under Open MPI's and Intel MPI's own
 # launchers, started on the emulated nodes through their ssh agents, TCP between nodes
-# (tools/testbed/nodes.py). CI runs 2 x 2 ranks (the node-aware reduction) and the
-# any-source check on 3 nodes, for CI's time; `make test-cluster-mpis CLUSTER_MPIS_K=`
-# adds 3 x 1 (MPI's own reduction and the ring; all of it took 10 minutes here).
-CLUSTER_MPIS_K ?= 2x2 or any_source
+# (tools/testbed/nodes.py), and slurm/train.sbatch on the emulated Slurm (srun --mpi=pmix
+# for Open MPI, --mpi=pmi2 for Intel MPI). CI runs 2 x 2 ranks (the node-aware reduction),
+# the any-source check on 3 nodes and Slurm's preemption and requeue, for CI's time;
+# `make test-cluster-mpis CLUSTER_MPIS_K=` adds 3 x 1 (MPI's own reduction and the ring)
+# and the other Slurm jobs.
+CLUSTER_MPIS_K ?= 2x2 or any_source or preemption
+CLUSTER_MPIS_TESTS := tests/cluster/test_across_nodes.py tests/cluster/test_slurm_nodes.py
 test-cluster-mpis: $(addprefix test-cluster-mpi-,$(MPI_FLAVOURS))
 test-cluster-mpi-%: .venv-%/.hpcddp-installed
-	MPIEXEC="$(FLAVOUR_MPIEXEC_$*)" .venv-$*/bin/python -m pytest -q tests/cluster/test_across_nodes.py \
+	MPIEXEC="$(FLAVOUR_MPIEXEC_$*)" .venv-$*/bin/python -m pytest -q -rs $(CLUSTER_MPIS_TESTS) \
 	  $(if $(CLUSTER_MPIS_K),-k "$(CLUSTER_MPIS_K)"); \
 	  status=$$?; $(PY) -m tools.testbed down --name hdtest; exit $$status
 

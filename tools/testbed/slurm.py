@@ -11,6 +11,7 @@ nothing is written to /etc. Daemons are stopped by PID.
     cluster.stop()
 """
 
+import glob
 import os
 import random
 import shutil
@@ -22,12 +23,17 @@ from pathlib import Path
 
 from tools.testbed.errors import Unavailable
 
-PACKAGES = ["slurmd", "slurmctld", "slurm-client", "munge"]
+# libpmix-dev: Slurm's PMIx plugin (`srun --mpi=pmix`, for Open MPI) opens the unversioned
+# libpmix.so under pmix2/lib, which only the -dev package installs; without it the plugin
+# fails to load in every slurmd.
+PACKAGES = ["slurmd", "slurmctld", "slurm-client", "munge", "libpmix-dev"]
 BINARIES = ["munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "squeue"]
+LIBPMIX = "/usr/lib/*/pmix2/lib/libpmix.so"
 
 
 def ensure_packages():
-    if all(shutil.which(b) or os.path.exists(f"/usr/sbin/{b}") for b in BINARIES):
+    if all(shutil.which(b) or os.path.exists(f"/usr/sbin/{b}") for b in BINARIES) \
+            and glob.glob(LIBPMIX):
         return
     if os.geteuid() != 0:
         raise Unavailable("Slurm is not installed and installing it needs root: "
@@ -63,6 +69,7 @@ SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={dir}/state
 SlurmdSpoolDir={dir}/spool.%n
+TmpFS={dir}/tmp.%n
 SlurmctldPidFile={dir}/slurmctld.pid
 SlurmdPidFile={dir}/slurmd.%n.pid
 SlurmctldLogFile={dir}/slurmctld.log
@@ -137,7 +144,10 @@ class SlurmCluster:
             ctld_host = f"{emulated.name}-ctl({emulated.bridge_address})"
             node_lines = "\n".join(f"NodeName={n} NodeAddr={a} CPUs={cpus} State=UNKNOWN"
                                     for n, a in zip(emulated.nodes, emulated.addresses))
-        for sub in ("state", "munge", *(f"spool.{n}" for n in names)):
+        # tmp.NODE is each node's TmpFS: the PMIx plugin makes a directory per step there
+        # (spmix_appdir_UID_JOB.STEP), and in the one /tmp that the emulated nodes share,
+        # every node but the first would fail to make it and the step would not start.
+        for sub in ("state", "munge", *(f"{kind}.{n}" for n in names for kind in ("spool", "tmp"))):
             (d / sub).mkdir()
         os.chmod(d, 0o755)
         os.chmod(d / "munge", 0o755)  # munge refuses a socket directory others can write
