@@ -5,7 +5,6 @@ tensors it touches. The transfer brings each piece's result back once MPI has co
 it, records the events a consumer stream waits for, and returns borrowed buffers.
 """
 
-import functools
 from typing import Callable, List, NamedTuple, Optional, Sequence
 
 import torch
@@ -147,19 +146,20 @@ class Transfer(Handle):
                 with self._lock:
                     if not piece.done:
                         piece.completed()
-            else:  # hpcddp's own (a ring): its tests make their calls
-                serial.poll(functools.partial(self._test_piece, piece))
+            else:
+                # hpcddp's own (a ring, the node-aware stages): the MPI thread runs its
+                # steps, as it does at DDP's end of backward. Polled here instead, each
+                # of its Isend, Irecv and Test was a hand-over of its own: on 4 nodes x 1
+                # rank (MPICH, 1 Gbit/s) a 16 MiB ring moved 0.35 of the link, not 0.9.
+                serial.until(piece.request.Test, nudge=True)
+                with self._lock:
+                    if not piece.done:
+                        piece.completed()
             # Each piece goes back as soon as it is in, while later ones are reduced.
             with self._lock:
                 self._bring_back(piece)
         with self._lock:
             self._complete()
-
-    def _test_piece(self, piece: _Piece) -> bool:
-        with self._lock:
-            if not piece.done and piece.request.Test():
-                piece.completed()
-            return piece.done
 
     def wait(self, timeout: Optional[float] = None):
         """Block until the result is in place as seen by the current CUDA stream.
