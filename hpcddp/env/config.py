@@ -95,7 +95,8 @@ _SETTINGS = {
         "choice", "auto",
         "How gradients and dist.all_reduce are summed. auto: node-aware with several ranks "
         "on each of several nodes, the ring with one rank on each of three nodes or more "
-        "(host buffers), else MPI's own allreduce, on device "
+        "(host buffers; two under Open MPI's default allreduce), else MPI's own "
+        "allreduce, on device "
         "buffers where the MPI is proven to reduce them; mpi: MPI's allreduce; ring: "
         "hpcddp's ring of non-blocking point-to-point (device buffers where MPI is "
         "CUDA-aware, host buffers otherwise); node: reduce within the node, across nodes, "

@@ -17,6 +17,7 @@ from hpcddp.comm import activity
 from hpcddp.comm.agree import decide_on_root
 from hpcddp.comm.cuda_aware import detect_cuda_aware
 from hpcddp.comm.lifetime import Closable, free_comm
+from hpcddp.comm.mpi_library import library_version_line
 from hpcddp.comm.ranks import by_value, ranks_text
 from hpcddp.comm.serial import serialize
 from hpcddp.comm.threads import thread_level_name
@@ -182,11 +183,16 @@ class World(Closable):
             self.cuda_aware = False
             self.cuda_aware_reason += "; HPCDDP_REDUCE=staged: staging through host memory"
         on_gpu = self.device.type == "cuda"
+        # Open MPI's default allreduce sends one way at a time on few ranks; agreed, so
+        # that a setting given to some ranks only cannot split the choice.
+        halves = library_version_line().startswith("Open MPI") and \
+            policy.OMPI_MCA_ALLREDUCE not in os.environ
         self.reduction_layout = policy.Layout(
             nodes=self.num_nodes, ranks_per_node=self.local_size,
             uniform=len(set(self.comm.allgather(self.local_size))) == 1,
             buffers=policy.DEVICE if self.cuda_aware and on_gpu else
-            policy.PINNED if on_gpu else policy.HOST)
+            policy.PINNED if on_gpu else policy.HOST,
+            mpi_halves_links=all(self.comm.allgather(halves)))
         verdict = self.device_verdict
         device_ring = None if verdict is None or verdict.reduction != "ring" else \
             f"{verdict.iallreduce.reason}, while {verdict.p2p.reason}"

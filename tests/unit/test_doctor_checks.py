@@ -36,6 +36,18 @@ def test_open_mpi_4_on_few_ranks_is_told_about_the_ring():
     assert find_advice([_seen(r) for r in range(2)], environ={}) == []
 
 
+def test_open_mpi_5_across_nodes_is_told_about_the_ring():
+    ompi = "Open MPI v5.0.11"
+    across = [dict(_seen(r, ompi), host=f"node{r}") for r in range(2)]
+    (note,) = find_advice(across, environ={})
+    assert "OMPI_MCA_coll_libnbc_iallreduce_algorithm=1" in note and "0.48" in note
+    assert find_advice(across, environ={"OMPI_MCA_coll_libnbc_iallreduce_algorithm": "1"}) == []
+    one_node = [dict(_seen(r, ompi), host="node0") for r in range(2)]
+    assert find_advice(one_node, environ={}) == []
+    mpich = [dict(_seen(r), host=f"node{r}") for r in range(2)]
+    assert find_advice(mpich, environ={}) == []
+
+
 def test_gpu_ranks_without_cuda_aware_mpi_are_told_they_stage():
     reports = [_seen(0, device="cuda:0"), _seen(1, device="cuda:1")]
     (note,) = find_advice(reports, environ={})

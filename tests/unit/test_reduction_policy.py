@@ -26,6 +26,16 @@ def test_auto_takes_the_reduction_the_layout_calls_for(facts, name, why):
     assert choice.reason.startswith("HPCDDP_REDUCE=auto: ") and facts.buffers in choice.reason
 
 
+def test_auto_takes_the_ring_on_two_nodes_where_mpi_uses_links_one_way_at_a_time():
+    halves = Layout(2, 1, True, HOST, mpi_halves_links=True)
+    choice = for_world("auto", halves)
+    assert choice.name == "ring" and "OMPI_MCA_coll_libnbc_iallreduce_algorithm=1" in choice.reason
+    assert for_world("auto", layout(2, 1)).name == "mpi"  # MPICH, Intel MPI: theirs is fine
+    assert for_world("auto", Layout(2, 1, True, PINNED, mpi_halves_links=True)).name == "mpi"
+    assert for_world("auto", Layout(2, 2, True, HOST, mpi_halves_links=True)).name == "node"
+    assert for_world("mpi", halves).name == "mpi"  # a setting is taken as given
+
+
 def test_auto_takes_the_ring_on_device_buffers_only_where_the_self_test_says_so():
     found = "Iallreduce on device buffers died of SIGSEGV, while Isend/Irecv passed"
     assert for_world("auto", layout(1, 2, buffers=DEVICE), found) == \

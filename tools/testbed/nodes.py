@@ -191,6 +191,9 @@ class EmulatedCluster:
         nodes on TCP through the links (one kernel would otherwise let an MPI use shared
         memory between them).
 
+        The emulated nodes share this machine's cores, so no launcher binds ranks to
+        cores: Open MPI and Intel MPI would bind every node's first rank to the first.
+
         ``mpich``: hydra's ``mpiexec``. ``-iface`` makes the proxies call ``mpiexec`` back
         at the bridge's address (the machine's hostname resolves to loopback, which inside
         a node is the node's own); ``UCX_TLS=tcp,self``. ``impi``: Intel MPI's hydra, the
@@ -211,12 +214,16 @@ class EmulatedCluster:
                     "--host", ",".join(f"{node}:{ranks_per_node}" for node in chosen),
                     # said outright: with --oversubscribe, prte puts every rank on the first
                     "--map-by", f"ppr:{ranks_per_node}:node",
+                    # every node's first rank would be bound to the machine's first core:
+                    # the emulated nodes share this machine's cores
+                    "--bind-to", "none",
                     "--mca", "btl", "tcp,sm,self", "--mca", "btl_tcp_if_include", subnet]
         hosts = ",".join(f"{node}:{ranks_per_node}" for node in chosen)
         if flavour == "impi":  # without -n it starts a rank per core on each host
             return ["-bootstrap", "ssh", "-bootstrap-exec", str(self.shim), "-iface",
                     self.bridge, "-n", str(ranks_per_node * len(chosen)), "-ppn",
-                    str(ranks_per_node), "-hosts", ",".join(chosen), "-genv", "FI_PROVIDER", "tcp"]
+                    str(ranks_per_node), "-hosts", ",".join(chosen), "-genv", "FI_PROVIDER", "tcp",
+                    "-genv", "I_MPI_PIN", "0"]  # unpinned, as Open MPI's (above)
         if flavour != "mpich":
             raise ValueError(f"flavour={flavour!r}: use mpich, impi or openmpi")
         return ["-launcher", "ssh", "-launcher-exec", str(self.shim), "-iface", self.bridge,
