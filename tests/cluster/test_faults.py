@@ -11,9 +11,16 @@ import time
 import pytest
 
 from cluster_util import finish, on_nodes, start_on_nodes, wait_for_line
+from jobs_util import mpi_flavour
 from reports import the_report
 from train_output import parameters_digest
 
+FLAVOUR = mpi_flavour()
+# What each launcher says of the killed ranks: MPICH's hydra names the node and the
+# process (PID), not the rank; Intel MPI's hydra also the rank and the signal.
+KILLED_LINE = {"mpich": r"PID \d+ RUNNING AT {node}\s+=\s+EXIT CODE: 9",
+               "impi": r"RANK [23] PID \d+ RUNNING AT {node}\s+=\s+KILLED BY SIGNAL: 9",
+               "openmpi": r"rank [23] with PID \d+ on node {node} exited on\s+signal 9"}
 TIMEOUT = 10                     # HPCDDP_TIMEOUT of the jobs
 LIMIT = TIMEOUT + 30             # the bound on a report after a fault
 ENV = {"HPCDDP_TIMEOUT": str(TIMEOUT)}
@@ -77,9 +84,7 @@ def test_fault_ends_the_job_then_a_rerun_resumes(healthy, uninterrupted, tmp_pat
     # with the launcher's proxy on it ends the job at once; hydra's proxies then SIGKILL
     # every other rank, so only the launcher can speak, and MPICH's does not name the node.
     if fault == "ranks_killed":
-        # MPICH's hydra names the node and the process (PID), not the rank.
-        assert re.search(rf"PID \d+ RUNNING AT {victim}\s+=\s+EXIT CODE: 9", job.output), \
-            job.output
+        assert re.search(KILLED_LINE[FLAVOUR].format(node=victim), job.output), job.output
     elif fault == "node_lost":
         assert took < TIMEOUT, f"took {took:.0f} s: the launcher should have seen it at once"
     else:

@@ -56,7 +56,9 @@ esac
 """
 
 
-_LAUNCHER_PROXIES = ("hydra_pmi_proxy", "slurmstepd", "slurmd")
+# What a launcher runs on a node besides the ranks: hydra's proxy (MPICH, Intel MPI);
+# Open MPI's daemon and the shim's shell that runs prte's line for it; Slurm's daemons.
+_LAUNCHER_PROXIES = ("hydra_pmi_proxy", "prted", "sh", "slurmstepd", "slurmd")
 
 
 class EmulatedCluster:
