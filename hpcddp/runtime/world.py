@@ -183,8 +183,8 @@ class World(Closable):
             self.cuda_aware = False
             self.cuda_aware_reason += "; HPCDDP_REDUCE=staged: staging through host memory"
         on_gpu = self.device.type == "cuda"
-        # Open MPI's default allreduce sends one way at a time on few ranks; agreed, so
-        # that a setting given to some ranks only cannot split the choice.
+        # Open MPI's default allreduce uses a link one way at a time between nodes;
+        # agreed, so that a setting given to some ranks only cannot split the choice.
         halves = library_version_line().startswith("Open MPI") and \
             policy.OMPI_MCA_ALLREDUCE not in os.environ
         self.reduction_layout = policy.Layout(
