@@ -23,7 +23,8 @@ the rank; an end within 1 s with no such line is counted apart: the launcher end
 rank at once and none lived to report), the seconds from fault to end, what was left on
 the nodes (ranks still alive up to ``LINGER`` seconds after the launcher ended, MPICH's
 /dev/shm segments and their bytes), and whether a rerun on the healed cluster resumed to
-the parameters of an uninterrupted run. ``results/faults-<layout>-<level>.json``;
+the parameters of an uninterrupted run. ``results/faults-<layout>-<level>.json``, written
+after every run; ``--append`` adds to that file's runs (each names its commit), and
 ``--table-from FILE`` recomputes a results file's table from its runs.
 """
 
@@ -308,42 +309,60 @@ def main():
                         help="write the results here instead of results/<name>.json")
     parser.add_argument("--table-from", default=None, metavar="JSON",
                         help="only recompute the table of a results file from its runs")
+    parser.add_argument("--append", action="store_true",
+                        help="add this soak's runs to the results file's, of the same layout "
+                             "and level (a soak of many runs per kind, over several sittings)")
     args = parser.parse_args()
     if args.table_from:
         path = Path(args.table_from)
-        data = json.loads(path.read_text())
-        kinds = list(dict.fromkeys(r["kind"] for r in data["runs"]))
-        data["table"] = {k: summarize([r for r in data["runs"] if r["kind"] == k]) for k in kinds}
-        path.write_text(json.dumps(data, indent=2) + "\n")
+        _write(path, json.loads(path.read_text()))
         return
     layout = tuple(int(x) for x in args.layout.split("x"))
     kinds = args.kinds.split(",")
+    name = args.name or f"faults-{args.layout}-{args.level}"
+    out = Path(args.out) if args.out else RESULTS / f"{name}.json"
+    data = {"benchmark": "fault soak", "layout": args.layout, "level": args.level,
+            "timeout": TIMEOUT, "table": {}, "runs": []}
+    if args.append and out.exists():
+        data = json.loads(out.read_text())
+        if (data["layout"], data["level"]) != (args.layout, args.level):
+            raise SystemExit(f"{out} holds a soak of {data['layout']} at {data['level']}, "
+                             f"not {args.layout} at {args.level}: name another file (--name)")
     rng = random.Random(args.seed)
+    commit = _commit()
     workdir = Path(f"/tmp/hpcddp-soak-{os.getpid()}")
     workdir.mkdir()
     cluster = EmulatedCluster.up(nodes=layout[0], rate="1gbit", name="hdsoak")
     try:
         reference = _references(cluster, layout, args.level, workdir)
-        records = []
         for index in range(args.runs):
             for kind in kinds:
                 record = one_run(cluster, layout, kind, args.level, workdir, reference, rng)
-                records.append(record)
+                record["commit"] = commit
+                data["runs"].append(record)
                 print(json.dumps(record), flush=True)
+                _write(out, data)  # every run kept, should the soak be stopped
     finally:
         _heal(cluster)
         cluster.down()
         subprocess.run(["rm", "-rf", str(workdir)])
-    table = {kind: summarize([r for r in records if r["kind"] == kind]) for kind in kinds}
-    RESULTS.mkdir(exist_ok=True)
-    name = args.name or f"faults-{args.layout}-{args.level}"
-    out = Path(args.out) if args.out else RESULTS / f"{name}.json"
-    out.write_text(json.dumps(
-        {"benchmark": "fault soak", "layout": args.layout, "level": args.level,
-         "timeout": TIMEOUT, "runs_per_kind": args.runs, "table": table, "runs": records},
-        indent=2) + "\n")
-    for kind, row in table.items():
+    for kind, row in data["table"].items():
         print(kind, json.dumps(row))
+
+
+def _commit():
+    found = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT,
+                           capture_output=True, text=True)
+    return found.stdout.strip() or None
+
+
+def _write(path, data):
+    """The results file with its table recomputed from every run it holds."""
+    kinds = list(dict.fromkeys(r["kind"] for r in data["runs"]))
+    data["table"] = {k: summarize([r for r in data["runs"] if r["kind"] == k]) for k in kinds}
+    data["runs_per_kind"] = min((row["runs"] for row in data["table"].values()), default=0)
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
 
 
 if __name__ == "__main__":
