@@ -7,7 +7,14 @@ launcher waits until TCP gives up on it (about 15 minutes with Linux's default
 ranks gone, ``mpiexec`` still there 90 s later). When the launcher runs on this node,
 an ancestor of this rank (a batch script's ``mpiexec`` on the job's first node), a
 detached helper started just before ``MPI_Abort`` ends it if it is still there after a
-grace period, and says so. Standard library only.
+grace period, and says so.
+
+It ends the launcher's own children with it: the ``ssh`` clients (or ``srun``) that
+started its daemons on the other nodes. They share the launcher's output, and the one
+to a node out of reach waits on its connection for as long as the launcher would have:
+``mpirun ... | tee log`` or a harness reading the job's output would see no end until
+they are gone. Open MPI's ``prterun`` is such a launcher; its ``prted`` on the lost node
+outlives the ranks there. Standard library only.
 """
 
 import os
@@ -23,27 +30,49 @@ _HELPER = r"""
 import os, sys, time
 pid, start, name, grace = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
 
-def alive():
+def stat(p):
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19] == start
-    except (OSError, IndexError):
-        return False
+        with open(f"/proc/{p}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[1]), fields[19]  # parent, start time
+    except (OSError, IndexError, ValueError):
+        return None
+
+def alive(p, since):
+    found = stat(p)
+    return found is not None and found[1] == since
+
+def children():
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            info = stat(entry)
+            if info is not None and info[0] == pid:
+                found.append((int(entry), info[1]))
+    return found
 
 deadline = time.monotonic() + grace
 while time.monotonic() < deadline:
-    if not alive():
+    if not alive(pid, start):
         sys.exit(0)
     time.sleep(0.1)
-if alive():
+if alive(pid, start):
+    helpers = children()  # its ssh clients: they hold its output open
     try:  # where the launcher's own messages go: the rank's stderr went with its proxy
         with open(f"/proc/{pid}/fd/2", "w") as out:
             out.write(f"hpcddp: {name} (pid {pid}) has not ended {grace:g} s after "
                       f"MPI_Abort: a node it started is out of reach (a link or a node "
-                      f"is down), so its proxy there cannot answer; ending {name}\n")
+                      f"is down), so its proxy there cannot answer; ending {name} and "
+                      f"the {len(helpers)} processes it started on this node\n")
     except OSError:
         pass
     os.kill(pid, 9)
+    for child, since in helpers:
+        if alive(child, since):
+            try:
+                os.kill(child, 9)
+            except OSError:
+                pass
 """
 
 

@@ -92,3 +92,20 @@ def test_launcher_that_ends_in_time_is_left_alone(tmp_path):
     assert proc.returncode == 3
     time.sleep(1.0)
     assert "ending mpiexec" not in proc.stderr
+
+
+def test_the_launchers_children_that_hold_its_output_end_with_it(tmp_path):
+    # The sleep stands for the ssh client to a node out of reach: it shares the
+    # launcher's output, so a reader sees no end of it while the client lives.
+    script = _launcher(tmp_path, "sleep 120 & wait")
+    start = time.monotonic()
+    proc = subprocess.Popen([str(script), sys.executable, "-c", CHILD, "end"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=50)  # returns at the end of both pipes
+    finally:
+        os.killpg(proc.pid, 9)
+    assert proc.returncode == -9
+    assert time.monotonic() - start < 30
+    assert "ending mpiexec and the 1 processes it started on this node" in err, err
