@@ -5,6 +5,7 @@ Run as root (it builds its own emulated cluster, ``tools.testbed``, and removes 
 
     python benchmarks/bench_faults.py --layout 2x2 --runs 20
     python benchmarks/bench_faults.py --layout 3x1 --runs 20 --level serialized
+    python benchmarks/bench_faults.py --layout 2x2 --runs 3 --flavour openmpi   # or impi
 
 The job is ``tests/cluster/scripts/train_steps.py`` (checkpoints every 5 steps) on the
 layout's nodes with ``HPCDDP_TIMEOUT=10``. Once rank 0 has printed step 20, the fault
@@ -18,12 +19,15 @@ lands after a random 0-2 s on the last node (or its last rank):
   (this one must not end the job: it must be named and training go on).
 
 For each run: whether it hung (no end within the timeout + 60 s), crashed (a rank dead
-of SIGSEGV, SIGBUS, SIGABRT, SIGFPE or SIGILL), ended with a line naming the node (or
+of SIGSEGV, SIGBUS, SIGABRT, SIGFPE or SIGILL, as its launcher says or, for a rank its
+launcher no longer sees, as the kernel's log does), ended with a line naming the node (or
 the rank; an end within 1 s with no such line is counted apart: the launcher ended every
 rank at once and none lived to report), the seconds from fault to end, what was left on
-the nodes (ranks still alive up to ``LINGER`` seconds after the launcher ended, MPICH's
+the nodes (ranks still alive up to ``LINGER`` seconds after the launcher ended, the MPI's
 /dev/shm segments and their bytes), and whether a rerun on the healed cluster resumed to
-the parameters of an uninterrupted run. ``results/faults-<layout>-<level>.json``, written
+the parameters of an uninterrupted run. Under ``--flavour openmpi`` or ``impi`` the jobs
+run in that MPI's virtual environment (``make test-mpis`` builds them) and its launcher
+starts them. ``results/faults-<layout>-<level>[-<flavour>].json``, written
 after every run; ``--append`` adds to that file's runs (each names its commit), and
 ``--table-from FILE`` recomputes a results file's table from its runs.
 """
@@ -46,10 +50,15 @@ from hpcddp.env import clean_environment
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository's tools/
 from tools.testbed import EmulatedCluster, network  # noqa: E402
+from tools.testbed.nodes import FLAVOUR_VENVS  # noqa: E402
+from soak_watch import OthersWatch, cmdline, kernel_faults, rank_pids, segments  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 SCRIPT = ROOT / "tests/cluster/scripts/train_steps.py"
 TIMEOUT = 10
-CRASH = re.compile(r"EXIT CODE: (4|6|7|8|11)\b|Segmentation fault|Bus error")
+# A rank dead of SIGILL, SIGABRT, SIGBUS, SIGFPE or SIGSEGV, as each launcher says it:
+# MPICH's hydra (exit code), Intel MPI's (signal), Open MPI's prterun (signal, then name).
+CRASH = re.compile(r"EXIT CODE: (4|6|7|8|11)\b|KILLED BY SIGNAL: (4|6|7|8|11)\b|"
+                   r"on\s+signal (4|6|7|8|11)\b|Segmentation fault|Bus error")
 RESUME_STEPS = 1000  # a rerun trains to this step from the last checkpoint (every 5 steps)
 SLOW_STEPS = 400     # the slow kind's whole run, which must end by itself
 LINGER = TIMEOUT + 25  # how long ranks cut off from the launcher may take to end themselves
@@ -59,15 +68,15 @@ KINDS = ("ranks_killed", "node_lost", "link_down", "crawl", "frozen", "stuck", "
 class Job:
     """``mpiexec`` on the cluster, its merged output read line by line in a thread."""
 
-    def __init__(self, cluster, layout, argv, env):
+    def __init__(self, cluster, layout, argv, env, flavour="mpich"):
         nodes, per_node = layout
-        mpiexec = str(Path(sys.executable).parent / "mpiexec")
-        command = [mpiexec, *cluster.mpiexec_args(per_node, cluster.nodes[:nodes]),
-                   sys.executable, str(SCRIPT), *map(str, argv)]
+        python = ROOT / FLAVOUR_VENVS[flavour] / "bin" / "python"
+        command = [*cluster.launch(python, per_node, cluster.nodes[:nodes], flavour),
+                   str(SCRIPT), *map(str, argv)]
+        base = dict(clean_environment(os.environ), **env)
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                                     env=cluster.env(dict(clean_environment(os.environ), **env)),
-                                     start_new_session=True)
+                                     env=cluster.env(base, flavour), start_new_session=True)
         self.lines, self.seen = [], threading.Event()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -95,77 +104,16 @@ class Job:
         return "".join(self.lines)
 
 
-def _segments():
-    shm = Path("/dev/shm")
-    return {p.name: p.stat().st_size for p in shm.glob("mpich_shm_*") if p.is_file()}
-
-
 def _ranks_left(cluster):
     """Ranks still alive on each node once the launcher has ended, after up to LINGER
     seconds: a node cut off from the launcher ends its own ranks (the watchdog's timeout,
     then its wait for rank 0's side to report); a frozen node's cannot end at all."""
     def alive(node):
-        return [pid for pid in network.node_pids(node) if SCRIPT.name in _cmdline(pid)]
+        return [pid for pid in network.node_pids(node) if SCRIPT.name in cmdline(pid)]
     deadline = time.monotonic() + LINGER
     while time.monotonic() < deadline and any(alive(node) for node in cluster.nodes):
         time.sleep(0.5)
     return {node: len(alive(node)) for node in cluster.nodes}
-
-
-class _OthersWatch:
-    """Notes MPI jobs other than this run's (another launcher on the machine) while it
-    runs: their MPICH segments pass through the shared ``/dev/shm`` too, so a run that
-    saw one cannot say which segments its own end left (counted apart)."""
-
-    LAUNCHERS = re.compile(r"(^|/)(mpiexec|mpirun|mpiexec\.hydra|hydra_pmi_proxy|prterun)\x00")
-
-    def __init__(self, ours: int):
-        self.ours, self.seen, self._stop = ours, False, threading.Event()
-        self._mine = set()  # this run's launchers, still known as its own once orphaned
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-
-    def _watch(self):
-        while not self._stop.wait(0.5):
-            for entry in Path("/proc").iterdir():
-                if not entry.name.isdigit() or not self.LAUNCHERS.search(_cmdline(entry.name)):
-                    continue
-                pid = int(entry.name)
-                try:
-                    if pid in self._mine:
-                        continue
-                    if os.getsid(pid) == self.ours or _descends_from(pid, self.ours):
-                        self._mine.add(pid)  # a proxy cut off from mpiexec outlives it
-                    else:
-                        self.seen = True
-                except OSError:
-                    pass
-
-    def stop(self) -> bool:
-        self._stop.set()
-        self._thread.join()
-        return self.seen
-
-
-def _descends_from(pid: int, ancestor: int) -> bool:
-    """Whether ``ancestor`` started ``pid``, directly or not: the run's own launcher proxies
-    lead sessions of their own on the emulated nodes, under the run's ``mpiexec``."""
-    while pid > 1:
-        if pid == ancestor:
-            return True
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return False
-        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the parent, after the name
-    return False
-
-
-def _cmdline(pid):
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def _digest(text):
@@ -203,10 +151,13 @@ def _named(kind, text, victim, rank, ranks):
         return f"rank {rank} on {victim} is" in text
     if kind == "stuck":
         return f"Not arrived: rank {rank}." in text or f"rank {rank} is in user code" in text
-    return victim in text and ranks in text or f"RUNNING AT {victim}" in text
+    # The watchdog names the node and its ranks; a launcher, the node of a killed rank
+    # (hydra: RUNNING AT, prterun: on node).
+    return (victim in text and ranks in text or f"RUNNING AT {victim}" in text
+            or f"on node {victim}" in text)
 
 
-def one_run(cluster, layout, kind, level, workdir, reference, rng):
+def one_run(cluster, layout, kind, level, workdir, reference, rng, flavour="mpich"):
     nodes, per_node = layout
     victim = cluster.nodes[nodes - 1]
     rank = nodes * per_node - 1
@@ -218,35 +169,47 @@ def one_run(cluster, layout, kind, level, workdir, reference, rng):
     env = {"HPCDDP_TIMEOUT": str(TIMEOUT), "MPI4PY_RC_THREAD_LEVEL": level,
            "HPCDDP_STRAGGLER_STEPS": "20"}
     steps = SLOW_STEPS if kind == "slow" else 100_000
-    before = _segments()
+    before = segments()
     job = Job(cluster, layout, [ckpt, steps, "--trigger", trigger, "--victim", rank,
-                                "--act", "slow" if kind == "slow" else "stuck"], env)
-    others = _OthersWatch(job.proc.pid)  # the job's launcher leads its own session
+                                "--act", "slow" if kind == "slow" else "stuck"], env, flavour)
+    others = OthersWatch(job.proc.pid)  # the job's launcher leads its own session
     if not job.seen.wait(180):
         job.end(1)
         raise RuntimeError(f"the job never reached step 20:\n{job.text[-3000:]}")
     time.sleep(rng.uniform(0.0, 2.0))
+    pids = rank_pids(SCRIPT.name)
+    seen_faults = kernel_faults(pids)  # none, unless a PID is reused
+    fault_time = time.strftime("%Y-%m-%dT%H:%M:%S")
     _inject(kind, cluster, victim, trigger)
     faulted = time.monotonic()
     rc, hung = job.end(TIMEOUT + 60 if kind != "slow" else 600)
     took = time.monotonic() - faulted
     text = job.text
     left = _ranks_left(cluster)
-    new = {k: v for k, v in _segments().items() if k not in before}
-    record = {"kind": kind, "rc": rc, "hung": hung, "seconds": round(took, 1),
-              "machine_shared": others.stop(),
-              "crashed": bool(CRASH.search(text)), "named": _named(kind, text, victim, rank, ranks),
+    new = {k: v for k, v in segments().items() if k not in before}
+    unseen = sorted(kernel_faults(pids) - seen_faults)  # ranks the launcher no longer saw
+    record = {"kind": kind, "fault_at": fault_time, "rc": rc, "hung": hung,
+              "seconds": round(took, 1), "machine_shared": others.stop(),
+              "crashed": bool(CRASH.search(text) or unseen),
+              "named": _named(kind, text, victim, rank, ranks),
               "ranks_left": left, "shm_segments_left": len(new),
               "shm_bytes_left": sum(new.values())}
+    if unseen:
+        record["kernel_faults"] = unseen
     if not record["named"] or record["crashed"]:
         record["output_tail"] = text[-2000:]  # what the user saw instead
     _heal(cluster)
+    # A stopped rank left behind runs again for a moment when the soak heals its node
+    # (SIGCONT, then SIGKILL): whether it dies of a fault signal meanwhile, counted apart.
+    thawed = sorted(kernel_faults(pids) - seen_faults - set(unseen))
+    if thawed:
+        record["kernel_faults_when_healed"] = thawed
     for name in new:  # what the end left, so the next run starts clean
         Path("/dev/shm", name).unlink(missing_ok=True)
     if kind == "slow":
         record["identical"] = rc == 0 and _digest(text) == reference["slow"]
         return record
-    rerun = Job(cluster, layout, [ckpt, RESUME_STEPS], env)
+    rerun = Job(cluster, layout, [ckpt, RESUME_STEPS], env, flavour)
     rerun_rc, _ = rerun.end(300)
     record["identical"] = rerun_rc == 0 and _digest(rerun.text) == reference["resume"]
     if not record["identical"]:
@@ -255,12 +218,12 @@ def one_run(cluster, layout, kind, level, workdir, reference, rng):
     return record
 
 
-def _references(cluster, layout, level, workdir):
+def _references(cluster, layout, level, workdir, flavour):
     env = {"HPCDDP_TIMEOUT": str(TIMEOUT), "MPI4PY_RC_THREAD_LEVEL": level}
     found = {}
     for key, steps in (("resume", RESUME_STEPS), ("slow", SLOW_STEPS)):
         subprocess.run(["rm", "-rf", str(workdir / "ref")])
-        job = Job(cluster, layout, [workdir / "ref", steps], env)
+        job = Job(cluster, layout, [workdir / "ref", steps], env, flavour)
         rc, _ = job.end(600)
         if rc != 0:
             raise RuntimeError(f"the uninterrupted run failed:\n{job.text[-3000:]}")
@@ -278,6 +241,10 @@ def summarize(records):
     ends = [r["seconds"] for r in records if not r["hung"]]
     return {"runs": len(records), "hangs": sum(r["hung"] for r in records),
             "crashes": sum(r["crashed"] for r in records),
+            "crashes_seen_by_the_kernel_only": sum(bool(r.get("kernel_faults"))
+                                                   for r in records),
+            "crashes_when_a_stopped_rank_was_healed": sum(
+                bool(r.get("kernel_faults_when_healed")) for r in records),
             "ends_without_naming": sum(not r["named"] and not _no_survivor(r)
                                        for r in records),
             "ended_by_the_launcher_with_no_survivor": sum(map(_no_survivor, records)),
@@ -303,6 +270,8 @@ def main():
     parser.add_argument("--runs", type=int, default=20, help="runs per kind")
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--level", default="multiple", help="MPI4PY_RC_THREAD_LEVEL")
+    parser.add_argument("--flavour", default="mpich", choices=sorted(FLAVOUR_VENVS),
+                        help="the MPI: its virtual environment's Python and launcher")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--name", default=None, help="results/<name>.json")
     parser.add_argument("--out", default=None, metavar="JSON",
@@ -319,25 +288,32 @@ def main():
         return
     layout = tuple(int(x) for x in args.layout.split("x"))
     kinds = args.kinds.split(",")
-    name = args.name or f"faults-{args.layout}-{args.level}"
+    suffix = "" if args.flavour == "mpich" else f"-{args.flavour}"
+    name = args.name or f"faults-{args.layout}-{args.level}{suffix}"
     out = Path(args.out) if args.out else RESULTS / f"{name}.json"
     data = {"benchmark": "fault soak", "layout": args.layout, "level": args.level,
-            "timeout": TIMEOUT, "table": {}, "runs": []}
+            "flavour": args.flavour, "timeout": TIMEOUT, "table": {}, "runs": []}
     if args.append and out.exists():
         data = json.loads(out.read_text())
-        if (data["layout"], data["level"]) != (args.layout, args.level):
-            raise SystemExit(f"{out} holds a soak of {data['layout']} at {data['level']}, "
-                             f"not {args.layout} at {args.level}: name another file (--name)")
+        held = (data["layout"], data["level"], data.get("flavour", "mpich"))
+        if held != (args.layout, args.level, args.flavour):
+            raise SystemExit(f"{out} holds a soak of {held[0]} at {held[1]} under {held[2]}, "
+                             f"not {args.layout} at {args.level} under {args.flavour}: "
+                             f"name another file (--name)")
     rng = random.Random(args.seed)
     commit = _commit()
+    # A soak started in the background ignores SIGINT; either signal removes its cluster.
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, lambda *_: sys.exit(1))
     workdir = Path(f"/tmp/hpcddp-soak-{os.getpid()}")
     workdir.mkdir()
     cluster = EmulatedCluster.up(nodes=layout[0], rate="1gbit", name="hdsoak")
     try:
-        reference = _references(cluster, layout, args.level, workdir)
+        reference = _references(cluster, layout, args.level, workdir, args.flavour)
         for index in range(args.runs):
             for kind in kinds:
-                record = one_run(cluster, layout, kind, args.level, workdir, reference, rng)
+                record = one_run(cluster, layout, kind, args.level, workdir, reference, rng,
+                                 args.flavour)
                 record["commit"] = commit
                 data["runs"].append(record)
                 print(json.dumps(record), flush=True)
