@@ -23,9 +23,18 @@ def segments():
 
 
 def rank_pids(script: str):
-    """The PIDs of the processes that run ``script`` (a file name) on this machine."""
-    return {int(entry.name) for entry in Path("/proc").iterdir()
-            if entry.name.isdigit() and script in cmdline(entry.name)}
+    """The PIDs of the processes that run ``script`` (a file name) on this machine, and
+    the IDs of their threads: the kernel names the thread that faulted, not its process
+    (a rank's MPI thread, for one)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and script in cmdline(entry.name):
+            found.add(int(entry.name))
+            try:
+                found.update(int(task.name) for task in (entry / "task").iterdir())
+            except OSError:
+                pass  # it ended meanwhile
+    return found
 
 
 # The kernel's line for a process dead of a fault signal: ``python[1234]: segfault at 110

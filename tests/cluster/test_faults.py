@@ -77,7 +77,11 @@ def test_fault_ends_the_job_then_a_rerun_resumes(healthy, uninterrupted, tmp_pat
     job = finish(proc, seen, timeout=LIMIT + 60)
     took = time.monotonic() - faulted
     assert not job.timed_out, f"{fault}: the job hung:\n{job.output[-4000:]}"
-    assert job.returncode != 0, job.output[-4000:]
+    # Open MPI 5.0.11's prterun, having lost a node's daemon, says it ends the job and
+    # then exits 0 in most runs here (8 of 11; below: an expected failure when it does).
+    lost_daemon_exit_0 = (FLAVOUR == "openmpi" and fault == "node_lost"
+                          and job.returncode == 0)
+    assert job.returncode != 0 or lost_daemon_exit_0, job.output[-4000:]
     assert took <= LIMIT, f"{fault}: ended {took:.0f} s after the fault\n{job.output[-4000:]}"
     # The node and its ranks are named: by the launcher when the ranks died, by hpcddp's
     # watchdog when they live on behind a link that no longer carries them. A node lost
@@ -87,6 +91,9 @@ def test_fault_ends_the_job_then_a_rerun_resumes(healthy, uninterrupted, tmp_pat
         assert re.search(KILLED_LINE[FLAVOUR].format(node=victim), job.output), job.output
     elif fault == "node_lost":
         assert took < TIMEOUT, f"took {took:.0f} s: the launcher should have seen it at once"
+        if FLAVOUR == "openmpi":  # the only words: prterun's, naming the lost node
+            # (lost communication with a remote daemon, or: one failed to report back)
+            assert re.search(rf"Remote (daemon|host):.* {victim}\b", job.output), job.output
     else:
         # Rank 0's side reports (the lowest rank's report), naming the silent node.
         report = the_report(reports, "wait", job.output)
@@ -110,6 +117,11 @@ def test_fault_ends_the_job_then_a_rerun_resumes(healthy, uninterrupted, tmp_pat
     resumed = re.search(r"resumed at step (\d+)", rerun.stdout)
     assert resumed and int(resumed.group(1)) >= 10, rerun.stdout[-2000:]
     assert parameters_digest(rerun.stdout) == uninterrupted
+    if lost_daemon_exit_0:
+        pytest.xfail("Open MPI 5.0.11: prterun exits 0 after 'PRTE has lost communication "
+                     "with a remote daemon ... will terminate the job' (reproducer: this "
+                     "test under make test-cluster-mpi-openmpi; PRRTE's exit status was "
+                     "reworked upstream in openpmix/prrte#2603)")
 
 
 @pytest.mark.parametrize("level", ["multiple", "serialized"])
