@@ -69,19 +69,25 @@ def test_no_launcher_found_outside_one(tmp_path):
     assert proc.stdout.strip() == "None", proc.stdout + proc.stderr
 
 
-def test_launcher_still_waiting_after_the_grace_is_ended(tmp_path):
-    # The launcher's wait stands for hydra's wait on a proxy that cannot answer.
-    script = _launcher(tmp_path, "sleep 60 >/dev/null 2>&1 & wait")
+def _ended_by_the_guard(script):
+    """Run ``script``'s rank, which starts the guard; the launcher's stderr once both of
+    its pipes ended, after checking the guard ended it by SIGKILL within 30 s."""
     start = time.monotonic()
     proc = subprocess.Popen([str(script), sys.executable, "-c", CHILD, "end"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        _, err = proc.communicate(timeout=50)
+        _, err = proc.communicate(timeout=50)  # returns at the end of both pipes
     finally:
         os.killpg(proc.pid, 9)
     assert proc.returncode == -9
     assert time.monotonic() - start < 30
+    return err
+
+
+def test_launcher_still_waiting_after_the_grace_is_ended(tmp_path):
+    # The launcher's wait stands for hydra's wait on a proxy that cannot answer.
+    err = _ended_by_the_guard(_launcher(tmp_path, "sleep 60 >/dev/null 2>&1 & wait"))
     assert "mpiexec (pid" in err and "ending mpiexec" in err, err
 
 
@@ -97,15 +103,5 @@ def test_launcher_that_ends_in_time_is_left_alone(tmp_path):
 def test_the_launchers_children_that_hold_its_output_end_with_it(tmp_path):
     # The sleep stands for the ssh client to a node out of reach: it shares the
     # launcher's output, so a reader sees no end of it while the client lives.
-    script = _launcher(tmp_path, "sleep 120 & wait")
-    start = time.monotonic()
-    proc = subprocess.Popen([str(script), sys.executable, "-c", CHILD, "end"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=50)  # returns at the end of both pipes
-    finally:
-        os.killpg(proc.pid, 9)
-    assert proc.returncode == -9
-    assert time.monotonic() - start < 30
+    err = _ended_by_the_guard(_launcher(tmp_path, "sleep 120 & wait"))
     assert "ending mpiexec and the 1 processes it started on this node" in err, err
