@@ -7,7 +7,7 @@ launcher waits until TCP gives up on it (about 15 minutes with Linux's default
 ranks gone, ``mpiexec`` still there 90 s later). When the launcher runs on this node,
 an ancestor of this rank (a batch script's ``mpiexec`` on the job's first node), a
 detached helper started just before ``MPI_Abort`` ends it if it is still there after a
-grace period, and says so.
+grace period, and says so. It asks first (SIGTERM), then kills.
 
 It ends the launcher's own children with it: the ``ssh`` clients (or ``srun``) that
 started its daemons on the other nodes. They share the launcher's output, and the one
@@ -25,10 +25,19 @@ from typing import Optional, Tuple
 __all__ = ["LAUNCHERS", "launcher_ancestor", "end_launcher_later"]
 
 LAUNCHERS = ("mpiexec", "mpiexec.hydra", "mpirun", "orterun", "prterun")
+# How long a launcher has to end after SIGTERM before SIGKILL. SIGTERM lets it remove
+# its session files: a killed ``prterun`` leaves ``$TMPDIR/ompi.PID``, and a later
+# ``prterun`` given the same PID fails to start ("The PMIx server's listener thread
+# failed to start", exit 213). PIDs come round again: Linux's default pid_max is 32768.
+# One waiting on a daemon out of reach ignores SIGTERM; after SIGKILL the helper removes
+# that directory itself (a directory named after the PID holding PMIx's files named
+# after it too).
+TERM_WAIT_SECONDS = 5.0
 
 _HELPER = r"""
-import os, sys, time
-pid, start, name, grace = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
+import glob, os, shutil, sys, time
+pid, start, name = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+grace, term_wait = float(sys.argv[4]), float(sys.argv[5])
 
 def stat(p):
     try:
@@ -51,6 +60,19 @@ def children():
                 found.append((int(entry), info[1]))
     return found
 
+def session_dirs():
+    # $TMPDIR/NAME.PID holding PMIx's rendezvous files named after the PID (prterun's)
+    tmp = "/tmp"
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for item in f.read().split(b"\0"):
+                if item.startswith(b"TMPDIR=") and len(item) > 7:
+                    tmp = item[7:].decode(errors="replace")
+        return [d for d in glob.glob(os.path.join(glob.escape(tmp), f"*.{pid}"))
+                if glob.glob(os.path.join(glob.escape(d), f"pmix.*.{pid}"))]
+    except OSError:
+        return []
+
 deadline = time.monotonic() + grace
 while time.monotonic() < deadline:
     if not alive(pid, start):
@@ -63,10 +85,19 @@ if alive(pid, start):
             out.write(f"hpcddp: {name} (pid {pid}) has not ended {grace:g} s after "
                       f"MPI_Abort: a node it started is out of reach (a link or a node "
                       f"is down), so its proxy there cannot answer; ending {name} and "
-                      f"the {len(helpers)} processes it started on this node\n")
+                      f"the {len(helpers)} process{'es' * (len(helpers) != 1)} it "
+                      f"started on this node\n")
     except OSError:
         pass
-    os.kill(pid, 9)
+    os.kill(pid, 15)  # a launcher ended so removes its session files
+    ends = time.monotonic() + term_wait
+    while alive(pid, start) and time.monotonic() < ends:
+        time.sleep(0.1)
+    if alive(pid, start):
+        left = session_dirs()
+        os.kill(pid, 9)
+        for path in left:  # what SIGTERM would have had it remove
+            shutil.rmtree(path, ignore_errors=True)
     for child, since in helpers:
         if alive(child, since):
             try:
@@ -105,15 +136,17 @@ def launcher_ancestor(pid: Optional[int] = None) -> Optional[Tuple[int, str, str
     return None
 
 
-def end_launcher_later(grace: float) -> None:
+def end_launcher_later(grace: float, term_wait: float = TERM_WAIT_SECONDS) -> None:
     """Start a detached helper that ends this rank's launcher, if it runs on this node,
-    should it still be running ``grace`` seconds from now. Never raises."""
+    should it still be running ``grace`` seconds from now: SIGTERM, then SIGKILL if it
+    is still there ``term_wait`` seconds later. Never raises."""
     try:
         found = launcher_ancestor()
         if found is None:
             return
         pid, start, name = found
-        subprocess.Popen([sys.executable, "-c", _HELPER, str(pid), start, name, str(grace)],
+        subprocess.Popen([sys.executable, "-c", _HELPER, str(pid), start, name, str(grace),
+                          str(term_wait)],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
     except Exception:  # noqa: BLE001 - aborting must go on whatever happens here

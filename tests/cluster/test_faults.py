@@ -5,6 +5,7 @@ HPCDDP_TIMEOUT plus 30 s, and a message names the node where anything can (the l
 or hpcddp's watchdog); the last checkpoint stays loadable, and a rerun on the healthy
 cluster resumes from it and ends with the parameters of an uninterrupted run."""
 
+import glob
 import re
 import time
 
@@ -39,6 +40,12 @@ def uninterrupted(cluster, tmp_path_factory):
                    ranks_per_node=2, nodes=cluster.nodes[:2], env=ENV)
     assert job.returncode == 0, job.output[-4000:]
     return parameters_digest(job.stdout)
+
+
+def _session_left(pid):
+    """What the launcher left in /tmp under its PID: prterun's session directory, which
+    stops a later prterun given the same PID from starting (exit 213)."""
+    return [path for path in glob.glob(f"/tmp/*.{pid}") if glob.glob(f"{path}/pmix.*.{pid}")]
 
 
 def _ranks_killed(cluster, node):
@@ -83,6 +90,7 @@ def test_fault_ends_the_job_then_a_rerun_resumes(healthy, uninterrupted, tmp_pat
                           and job.returncode == 0)
     assert job.returncode != 0 or lost_daemon_exit_0, job.output[-4000:]
     assert took <= LIMIT, f"{fault}: ended {took:.0f} s after the fault\n{job.output[-4000:]}"
+    assert _session_left(proc.pid) == [], job.output[-4000:]  # also when hpcddp ended it
     # The node and its ranks are named: by the launcher when the ranks died, by hpcddp's
     # watchdog when they live on behind a link that no longer carries them. A node lost
     # with the launcher's proxy on it ends the job at once; hydra's proxies then SIGKILL

@@ -69,9 +69,9 @@ def test_no_launcher_found_outside_one(tmp_path):
     assert proc.stdout.strip() == "None", proc.stdout + proc.stderr
 
 
-def _ended_by_the_guard(script):
+def _ended_by_the_guard(script, signal_number=15):
     """Run ``script``'s rank, which starts the guard; the launcher's stderr once both of
-    its pipes ended, after checking the guard ended it by SIGKILL within 30 s."""
+    its pipes ended, after checking the guard ended it by ``signal_number`` within 30 s."""
     start = time.monotonic()
     proc = subprocess.Popen([str(script), sys.executable, "-c", CHILD, "end"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -80,7 +80,7 @@ def _ended_by_the_guard(script):
         _, err = proc.communicate(timeout=50)  # returns at the end of both pipes
     finally:
         os.killpg(proc.pid, 9)
-    assert proc.returncode == -9
+    assert proc.returncode == -signal_number, (proc.returncode, err)
     assert time.monotonic() - start < 30
     return err
 
@@ -89,6 +89,34 @@ def test_launcher_still_waiting_after_the_grace_is_ended(tmp_path):
     # The launcher's wait stands for hydra's wait on a proxy that cannot answer.
     err = _ended_by_the_guard(_launcher(tmp_path, "sleep 60 >/dev/null 2>&1 & wait"))
     assert "mpiexec (pid" in err and "ending mpiexec" in err, err
+
+
+def test_the_launcher_is_asked_first_so_it_removes_its_session_files(tmp_path):
+    # As prterun does on SIGTERM, and cannot on SIGKILL: its $TMPDIR/ompi.PID would stop
+    # a later prterun given the same PID from starting.
+    session = tmp_path / "session"
+    session.mkdir()
+    script = _launcher(tmp_path, f"trap 'rm -r {session}; trap - TERM; kill -TERM $$' TERM\n"
+                                 "sleep 60 >/dev/null 2>&1 & wait")
+    _ended_by_the_guard(script)
+    assert not session.exists()
+
+
+def test_a_launcher_that_ignores_the_request_is_killed_and_its_session_removed(
+        tmp_path, monkeypatch):
+    # As prterun waiting on a daemon out of reach: the guard removes the directory named
+    # after its PID that holds PMIx's files named after it, and nothing else of $TMPDIR.
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    script = _launcher(tmp_path, 'mkdir "$TMPDIR/ompi.$$" "$TMPDIR/other.$$"\n'
+                                 'touch "$TMPDIR/ompi.$$/pmix.node1.tool.$$" '
+                                 '"$TMPDIR/other.$$/data" "$TMPDIR/data.$$"\n'
+                                 'echo $$ > "$TMPDIR/pid"\n'
+                                 "trap '' TERM\nwhile :; do sleep 1; done")
+    err = _ended_by_the_guard(script, signal_number=9)
+    assert "ending mpiexec" in err, err
+    pid = (tmp_path / "pid").read_text().strip()
+    assert not (tmp_path / f"ompi.{pid}").exists()
+    assert (tmp_path / f"other.{pid}" / "data").exists() and (tmp_path / f"data.{pid}").exists()
 
 
 def test_launcher_that_ends_in_time_is_left_alone(tmp_path):
@@ -104,4 +132,4 @@ def test_the_launchers_children_that_hold_its_output_end_with_it(tmp_path):
     # The sleep stands for the ssh client to a node out of reach: it shares the
     # launcher's output, so a reader sees no end of it while the client lives.
     err = _ended_by_the_guard(_launcher(tmp_path, "sleep 120 & wait"))
-    assert "ending mpiexec and the 1 processes it started on this node" in err, err
+    assert "ending mpiexec and the 1 process it started on this node" in err, err
