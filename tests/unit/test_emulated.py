@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from hpcddp.comm.launcher_guard import launcher_ancestor
 from tools.testbed import EmulatedCluster
 from tools.testbed.network import parse_rate
 
