@@ -61,6 +61,7 @@ CRASH = re.compile(r"EXIT CODE: (4|6|7|8|11)\b|KILLED BY SIGNAL: (4|6|7|8|11)\b|
                    r"on\s+signal (4|6|7|8|11)\b|Segmentation fault|Bus error")
 RESUME_STEPS = 1000  # a rerun trains to this step from the last checkpoint (every 5 steps)
 SLOW_STEPS = 400     # the slow kind's whole run, which must end by itself
+MPI_SETTINGS = ("MPIR_CVAR_", "FI_", "UCX_", "I_MPI_", "OMPI_MCA_", "PRTE_MCA_")
 LINGER = TIMEOUT + 25  # how long ranks cut off from the launcher may take to end themselves
 KINDS = ("ranks_killed", "node_lost", "link_down", "crawl", "frozen", "stuck", "slow")
 
@@ -196,6 +197,9 @@ def one_run(cluster, layout, kind, level, workdir, reference, rng, flavour="mpic
               "shm_bytes_left": sum(new.values())}
     if unseen:
         record["kernel_faults"] = unseen
+    settings = {k: v for k, v in sorted(os.environ.items()) if k.startswith(MPI_SETTINGS)}
+    if settings:  # the MPI's own settings this soak ran with (its network module, ...)
+        record["mpi_settings"] = settings
     if not record["named"] or record["crashed"]:
         record["output_tail"] = text[-2000:]  # what the user saw instead
     _heal(cluster)

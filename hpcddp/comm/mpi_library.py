@@ -9,7 +9,8 @@ library's own files tell: the mapped ``libmpi`` and the ``bin`` of its installat
 import os
 from typing import List, Optional
 
-__all__ = ["launcher_of_loaded_mpi", "library_version_line", "mapped_mpi_libraries"]
+__all__ = ["launcher_of_loaded_mpi", "library_version_line", "mapped_mpi_libraries",
+           "mpich_network_module"]
 
 
 def library_version_line() -> str:
@@ -17,6 +18,21 @@ def library_version_line() -> str:
     string ends with (``str.strip`` keeps it)."""
     from mpi4py import MPI
     return MPI.Get_library_version().strip(" \t\r\n\x00").splitlines()[0].strip()
+
+
+def mpich_network_module(environ=os.environ) -> Optional[str]:
+    """The network module MPICH's ch4 device uses in this process (``ucx``, ``ofi``):
+    ``MPIR_CVAR_CH4_NETMOD`` where set, else the first of those it was built with
+    (``MPICH Device: ch4:ucx ofi``); None for another MPI."""
+    from mpi4py import MPI
+    for line in MPI.Get_library_version().splitlines():
+        if line.startswith("MPICH Device:"):
+            device = line.split(":", 1)[1].strip()
+            if not device.startswith("ch4:"):
+                return None
+            chosen = environ.get("MPIR_CVAR_CH4_NETMOD", "").strip()
+            return chosen or device[4:].replace(",", " ").split()[0]
+    return None
 
 
 def mapped_mpi_libraries() -> List[str]:

@@ -15,7 +15,7 @@ import numpy as np
 
 from hpcddp.cli import command_parser
 from hpcddp.comm.ranks import by_value, ranks_text
-from hpcddp.comm.mpi_library import library_version_line
+from hpcddp.comm.mpi_library import library_version_line, mpich_network_module
 from hpcddp.transport.policy import OMPI_MCA_ALLREDUCE
 
 __all__ = ["main", "rank_report", "find_problems", "find_advice", "allreduce_bandwidth"]
@@ -26,6 +26,15 @@ _MUST_AGREE = ("hpcddp", "torch", "mpi4py", "mpi_library", "python")
 
 def _mpi_library() -> str:
     return " ".join(library_version_line().split(",")[0].split())
+
+
+def _rdma_devices() -> int:
+    """RDMA devices on this node (InfiniBand, RoCE, Omni-Path): without one, UCX runs on
+    TCP."""
+    try:
+        return len(os.listdir("/sys/class/infiniband"))
+    except OSError:
+        return 0
 
 
 def rank_report(world) -> Dict[str, object]:
@@ -41,7 +50,8 @@ def rank_report(world) -> Dict[str, object]:
         "host": world.hostname, "rank": world.rank, "local_rank": world.local_rank,
         "node_rank": world.node_rank, "device": str(world.device),
         "threads": world.num_threads, "threads_reason": world.threads_reason,
-        "mpi_library": _mpi_library(),
+        "mpi_library": _mpi_library(), "network_module": mpich_network_module(),
+        "rdma_devices": _rdma_devices(),
         "mpi_standard": "%d.%d" % MPI.Get_version(), "launcher": world.launcher,
         "thread_level": world.thread_level,
         "cuda_aware": world.cuda_aware, "cuda_aware_reason": world.cuda_aware_reason,
@@ -83,6 +93,16 @@ def find_advice(reports: List[Dict[str, object]], environ=os.environ) -> List[st
             f"and 0.29 on 4 (emulated nodes, TCP). export {OMPI_MCA_ALLREDUCE}=1 (ring) "
             "before launching: 0.96 and 0.84. Until then hpcddp reduces with its own ring on "
             "2 nodes x 1 rank, as it does on more nodes.")
+    on_tcp = sorted({str(r.get("host")) for r in reports
+                     if r.get("network_module") == "ucx" and r.get("rdma_devices") == 0})
+    if nodes > 1 and on_tcp:
+        advice.append(
+            f"MPICH's UCX network module runs on TCP here (no RDMA device on "
+            f"{', '.join(on_tcp)}). When a connection between nodes fails (a link down or "
+            f"crawling), MPICH 5 dies of SIGSEGV in MPI_Isend, often before hpcddp's "
+            f"watchdog can name the node. export MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp "
+            f"before launching: its ofi module ended every crawling link of the fault soak "
+            f"with the node named and no crash ([Which MPI] in hpcddp's docs).")
     staged = [r["rank"] for r in reports
               if str(r["device"]).startswith("cuda") and not r["cuda_aware"]]
     if staged:

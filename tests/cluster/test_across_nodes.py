@@ -77,3 +77,16 @@ def test_any_source_receives_on_two_nodes_and_mpich_ucx_loses_them_on_three(clus
         # The abort's status says it too: a line printed just before MPI_Abort on another
         # node can be cut off on its way to the launcher (seen once).
         assert job.returncode == 3 or "lost at iteration" in job.stdout, job.output[-2000:]
+
+
+@pytest.mark.skipif(not MPICH_UCX, reason="MPICH's network modules")
+def test_doctor_advises_ofi_for_mpich_on_tcp_and_the_advice_runs(cluster):
+    """The emulated nodes have no RDMA device, so MPICH's UCX runs on TCP: the doctor says
+    to switch to the ofi module (a failing connection crashes UCX's, see
+    docs/which-mpi.md), and a job that follows the advice runs across the nodes."""
+    ofi = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
+    for env, advised in (({}, True), (ofi, False)):
+        job = on_nodes(cluster, ["-m", "hpcddp", "doctor", "--max-bytes", "65536"],
+                       nodes=cluster.nodes[:2], env=env, timeout=120)
+        assert job.returncode == 0 and "hpcddp doctor: OK" in job.stdout, job.output[-3000:]
+        assert ("MPIR_CVAR_CH4_NETMOD=ofi" in job.stdout) is advised, job.stdout[-3000:]

@@ -55,3 +55,13 @@ def test_gpu_ranks_without_cuda_aware_mpi_are_told_they_stage():
     assert "MPIX_Query_cuda_support() = 0" in note
     aware = [_seen(r, device=f"cuda:{r}", aware=True) for r in range(2)]
     assert find_advice(aware, environ={}) == []
+
+
+def test_mpich_on_ucx_over_tcp_across_nodes_is_told_about_ofi():
+    def seen(rank, host, module="ucx", rdma=0):
+        return dict(_seen(rank), host=host, network_module=module, rdma_devices=rdma)
+    (note,) = find_advice([seen(0, "a"), seen(1, "b")], environ={})
+    assert "MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp" in note and "no RDMA device on a, b" in note
+    assert find_advice([seen(0, "a"), seen(1, "a")], environ={}) == []  # one node
+    assert find_advice([seen(0, "a", "ofi"), seen(1, "b", "ofi")], environ={}) == []
+    assert find_advice([seen(0, "a", rdma=2), seen(1, "b", rdma=2)], environ={}) == []
