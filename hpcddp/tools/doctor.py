@@ -102,7 +102,7 @@ def find_advice(reports: List[Dict[str, object]], environ=os.environ) -> List[st
             f"crawling), MPICH 5 dies of SIGSEGV in MPI_Isend, often before hpcddp's "
             f"watchdog can name the node. export MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp "
             f"before launching: its ofi module ended every crawling link of the fault soak "
-            f"with the node named and no crash ([Which MPI] in hpcddp's docs).")
+            f"with the node named and no crash (docs/which-mpi.md).")
     staged = [r["rank"] for r in reports
               if str(r["device"]).startswith("cuda") and not r["cuda_aware"]]
     if staged:
