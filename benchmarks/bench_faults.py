@@ -200,6 +200,8 @@ def one_run(cluster, layout, kind, level, workdir, reference, rng, flavour="mpic
     settings = {k: v for k, v in sorted(os.environ.items()) if k.startswith(MPI_SETTINGS)}
     if settings:  # the MPI's own settings this soak ran with (its network module, ...)
         record["mpi_settings"] = settings
+    # hpcddp's own headlines (the watchdog's report, a straggler's warning), whole
+    record["said"] = [line for line in text.splitlines() if line.startswith("hpcddp: ")][:4]
     if not record["named"] or record["crashed"]:
         record["output_tail"] = text[-2000:]  # what the user saw instead
     _heal(cluster)

@@ -101,8 +101,8 @@ def find_advice(reports: List[Dict[str, object]], environ=os.environ) -> List[st
             f"{', '.join(on_tcp)}). When a connection between nodes fails (a link down or "
             f"crawling), MPICH 5 dies of SIGSEGV in MPI_Isend, often before hpcddp's "
             f"watchdog can name the node. export MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp "
-            f"before launching: its ofi module ended every crawling link of the fault soak "
-            f"with the node named and no crash (docs/which-mpi.md).")
+            f"before launching: with its ofi module no rank crashed in hpcddp's fault soak "
+            f"(docs/which-mpi.md).")
     staged = [r["rank"] for r in reports
               if str(r["device"]).startswith("cuda") and not r["cuda_aware"]]
     if staged:
