@@ -340,11 +340,13 @@ class Watchdog(Closable):
                   facts=fields)
 
     def _cut_off_from_rank_zero(self, replies) -> bool:
-        """Whether this rank is on another node than rank 0's and no rank there answered."""
+        """Whether this rank is on another node than rank 0's and a rank there did not
+        answer. Not all of them: over a link that crawls, one answer can get through
+        while the rank that will report, waiting as long as this one, stays silent."""
         home = self.hosts[0]
         if not self.threaded or self.hosts[self.rank] == home:
             return False
-        return all(r not in replies and r not in self.departed
+        return any(r not in replies and r not in self.departed
                    for r, host in enumerate(self.hosts) if host == home)
 
     def _lower_rank_timing_out(self, replies) -> float:
@@ -368,8 +370,8 @@ class Watchdog(Closable):
     def _defer(self, seconds: float) -> None:
         """Leave the verdict to another rank for ``seconds``, answering questions meanwhile.
 
-        Cut off from rank 0's node, a rank gives rank 0's side ``_DEFER_SECONDS`` to
-        report and end the job. A link that fails between nodes leaves each side seeing
+        Cut off from rank 0's node (a rank there does not answer), a rank gives rank 0's
+        side ``_DEFER_SECONDS`` to report and end the job. A link that fails between nodes leaves each side seeing
         the other silent, and both time out together. The report that matters is rank
         0's side's: the launcher runs there (mpiexec, srun and mpirun start on the
         allocation's first node), so its output arrives. A job ended from the far side

@@ -13,7 +13,7 @@ import pytest
 
 from cluster_util import finish, on_nodes, start_on_nodes, wait_for_line
 from jobs_util import mpi_flavour
-from reports import the_report
+from reports import reports_said, the_report
 from train_output import parameters_digest
 
 FLAVOUR = mpi_flavour()
@@ -105,7 +105,7 @@ def test_fault_ends_the_job_then_a_rerun_resumes(healthy, uninterrupted, tmp_pat
     else:
         # Rank 0's side reports (the lowest rank's report), naming the silent node.
         report = the_report(reports, "wait", job.output)
-        assert report["rank"] in (0, 1), report
+        assert report["rank"] in (0, 1), f"{reports_said(reports)}\n{job.output[-4000:]}"
         assert (report["reason"], report["seconds"]) == ("timeout", float(TIMEOUT))
         assert report["silent_nodes"] == [{"node": victim, "ranks": [2, 3]}], report
         assert f"hpcddp: rank {report['rank']} of 4 on {report['host']}: " in job.output

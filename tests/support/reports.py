@@ -22,3 +22,18 @@ def the_report(folder, kind, output=""):
     reports = {rank: r for rank, r in read_reports(folder).items() if r["kind"] == kind}
     assert reports, f"no {kind!r} report in {folder}:\n{output[-3000:]}"
     return reports[min(reports)]
+
+
+def reports_said(folder) -> str:
+    """Every report in ``folder`` in a line each, for a failing assertion's message: who
+    wrote it, when, of what kind, in which wait, and how it saw the ranks it names."""
+    lines = []
+    for path in sorted(Path(folder).glob("hpcddp-report-rank*.json")):
+        report = json.loads(path.read_text())
+        states = {rank: state["state"] for rank, state in report.get("ranks", {}).items()}
+        lines.append(f"rank {report['rank']} on {report['host']} at "
+                     f"{path.stat().st_mtime:.1f}: {report['kind']} "
+                     f"{report.get('reason', report.get('exception', ''))}; wait "
+                     f"{report.get('wait', {}).get('what')}; not arrived {states}; silent "
+                     f"{report.get('silent_nodes')}")
+    return "\n".join(lines) or f"no report in {folder}"
