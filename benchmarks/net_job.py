@@ -2,13 +2,19 @@
 ``RESULT <json>`` on rank 0.
 
     net_job.py allreduce --sizes-mib 1,16,64 --iters 5
-    net_job.py ddp --steps 10
+    net_job.py ddp --steps 10 [--kinds no_communication,hpcddp]
+    net_job.py pingpong --sizes-kib 4,64,1024,8192 --iters 5
 
 allreduce: hpcddp's reductions (the automatic choice, the ring, node-aware where nodes
 hold several ranks), MPI's blocking ``Allreduce`` and non-blocking ``Iallreduce``, and
 gloo, interleaved on the same float32 buffers.
 ddp: the step of ``bench_ddp``'s MLP (24 MiB of gradients) with no communication,
-hpcddp's DDP and torch's DDP on gloo, in fp32, with fp16/bf16 compression and PowerSGD.
+hpcddp's DDP and torch's DDP on gloo, in fp32, with fp16/bf16 compression and PowerSGD
+(``--kinds``: some of them), and the bytes of hpcddp's buckets in the order they are
+reduced.
+pingpong: one message's seconds (half a round trip) between rank 0 and the last rank,
+per size, and how fast rank 0 sums and copies float32 buffers (``bench_scale.py`` fits
+its model of the fabric to them).
 """
 
 import argparse
@@ -87,26 +93,66 @@ def ddp(world, gloo, args):
         "hpcddp_powerSGD_rank4": ours(psgd.powerSGD_hook, powersgd(None)),
         "torch_ddp_gloo_powerSGD_rank4": theirs(psgd.powerSGD_hook, powersgd(gloo)),
     }
+    if args.kinds:
+        steppers = {k: fn for k, fn in steppers.items() if k in args.kinds.split(",")}
     x, y = data()
     runs = {k: (lambda fn=fn: fn(x, y)) for k, fn in steppers.items()}
     for fn in runs.values():
         for _ in range(3):
             fn()  # warm-up: bucket rebuild, PowerSGD past its start
     samples = interleaved_seconds(world.comm, runs, args.steps)
-    return {"grad_bytes": grad_bytes, "reduction": world.reduction,
+    probe = hpcddp.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=25)
+    params = list(probe.parameters())
+    buckets = [sum(params[i].numel() * params[i].element_size() for i in layout.params)
+               for layout in probe.reducer.layouts]
+    return {"grad_bytes": grad_bytes, "reduction": world.reduction, "bucket_bytes": buckets,
             "steps": {k: _spread(v) for k, v in samples.items()}}
+
+
+def pingpong(world, _gloo, args):
+    """Half a round trip between rank 0 and the last rank, per size; sum and copy rates."""
+    peer, rows = world.size - 1, []
+    for kib in [int(s) for s in args.sizes_kib.split(",")]:
+        buffer = np.zeros(kib * 256, dtype=np.float32)
+        times = []
+        for _ in range(args.iters + 1):  # the first one connects and warms up
+            world.comm.Barrier()
+            started = MPI.Wtime()
+            if world.rank == 0:
+                world.comm.Send(buffer, dest=peer)
+                world.comm.Recv(buffer, source=peer)
+            elif world.rank == peer:
+                world.comm.Recv(buffer, source=0)
+                world.comm.Send(buffer, dest=0)
+            times.append((MPI.Wtime() - started) / 2)
+        rows.append({"bytes": buffer.nbytes, "seconds": sorted(times[1:])})
+    big = np.ones(4 << 20, dtype=np.float32)
+    other = np.ones_like(big)
+    sums = [_timed(lambda: np.add(big, other, out=big)) for _ in range(5)]
+    copies = [_timed(lambda: np.copyto(big, other)) for _ in range(5)]
+    return {"rows": rows, "sum_bytes_per_s": big.nbytes / float(np.median(sums)),
+            "copy_bytes_per_s": big.nbytes / float(np.median(copies))}
+
+
+def _timed(fn) -> float:
+    started = MPI.Wtime()
+    fn()
+    return MPI.Wtime() - started
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("what", choices=["allreduce", "ddp"])
+    parser.add_argument("what", choices=["allreduce", "ddp", "pingpong"])
     parser.add_argument("--sizes-mib", default="1,16,64")
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--kinds", default="")
+    parser.add_argument("--sizes-kib", default="4,64,1024,8192")
     args = parser.parse_args()
     world = hpcddp.init()
     gloo, _backend, _store = make_gloo_group(world)
-    result = (allreduce if args.what == "allreduce" else ddp)(world, gloo, args)
+    result = {"allreduce": allreduce, "ddp": ddp, "pingpong": pingpong}[args.what](
+        world, gloo, args)
     result.update(size=world.size, nodes=world.num_nodes, ranks_per_node=world.local_size,
                   threads_per_rank=torch.get_num_threads(), ucx_tls=os.environ.get("UCX_TLS"))
     if world.is_main:

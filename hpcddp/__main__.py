@@ -11,6 +11,8 @@ from hpcddp.version import __version__
 _COMMANDS = {
     "doctor": ("hpcddp.tools.doctor", "check the MPI/torch set-up on every rank and measure MPI"),
     "pack": ("hpcddp.data.pack", "write .npy/.npz arrays into an HDF5 file for ShardedLoader"),
+    "predict": ("hpcddp.tools.predict", "predict a DDP step and its scaling on a layout, from a "
+                "model of links and buckets"),
     "timeline": ("hpcddp.tools.timeline_plot", "draw steps of an HPCDDP_TIMELINE trace and measure "
                  "how much reduction overlaps backward"),
 }

@@ -15,9 +15,9 @@ control communicator of its own, with small point-to-point messages.
 
 Every MPI call of the thread is handed to hpcddp's MPI thread (``hpcddp.comm.serial``),
 which makes it between the polls of the main thread's waits, so asking other ranks
-needs ``MPI_THREAD_SERIALIZED`` only. Below it (single, funneled) the thread calls no MPI until the timeout: the report
-then shows this rank's wait and stack only, and the one MPI call it makes is
-``MPI_Abort``.
+needs ``MPI_THREAD_SERIALIZED`` only. Below it (single, funneled) the thread calls no
+MPI until the timeout: the report then shows this rank's wait and stack only, and the one
+MPI call it makes is ``MPI_Abort``.
 """
 
 import atexit
@@ -371,13 +371,14 @@ class Watchdog(Closable):
         """Leave the verdict to another rank for ``seconds``, answering questions meanwhile.
 
         Cut off from rank 0's node (a rank there does not answer), a rank gives rank 0's
-        side ``_DEFER_SECONDS`` to report and end the job. A link that fails between nodes leaves each side seeing
-        the other silent, and both time out together. The report that matters is rank
-        0's side's: the launcher runs there (mpiexec, srun and mpirun start on the
-        allocation's first node), so its output arrives. A job ended from the far side
-        first can lose both reports: the far side's behind the failing link, and the near
-        side's, whose ranks die (seen: of SIGSEGV inside MPI) as the far side's are
-        killed. If the other rank is truly gone, this rank ends the job itself afterwards.
+        side ``_DEFER_SECONDS`` to report and end the job. A link that fails between
+        nodes leaves each side seeing the other silent, and both time out together. The
+        report that matters is rank 0's side's: the launcher runs there (mpiexec, srun
+        and mpirun start on the allocation's first node), so its output arrives. A job
+        ended from the far side first can lose both reports: the far side's behind the
+        failing link, and the near side's, whose ranks die (seen: of SIGSEGV inside MPI)
+        as the far side's are killed. If the other rank is truly gone, this rank ends the
+        job itself afterwards.
         """
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not self._stop.is_set():
