@@ -81,10 +81,11 @@ def check(cluster, fabric: Fabric, nodes: int, per_node: int, quick: bool) -> li
     for row in result["rows"]:
         for name, reduction in MEASURED.items():
             if name in row:
-                points.append(_point("allreduce", layout, f"{reduction} {row['bytes'] >> 20} MiB",
-                                     row[name]["median_ms"],
-                                     allreduce_seconds(fabric, nodes, per_node, row["bytes"],
-                                                       reduction)))
+                points.append(dict(
+                    _point("allreduce", layout, f"{reduction} {row['bytes'] >> 20} MiB",
+                           row[name]["median_ms"],
+                           allreduce_seconds(fabric, nodes, per_node, row["bytes"], reduction)),
+                    reduction=reduction, bytes=row["bytes"]))
     result = _job(cluster, nodes, per_node, ["ddp", "--steps", "5" if quick else "10",
                                               "--kinds", "no_communication,hpcddp"])
     steps = result["steps"]
@@ -93,7 +94,8 @@ def check(cluster, fabric: Fabric, nodes: int, per_node: int, quick: bool) -> li
     predicted = ddp_step_seconds(fabric, nodes, per_node, work, result["reduction"])
     points.append(dict(_point("ddp step", layout, f"MLP, {result['reduction']}",
                               steps["hpcddp"]["median_ms"], predicted["step"]),
-                       compute_ms=work.compute_s * 1e3, buckets=list(work.buckets)))
+                       reduction=result["reduction"], compute_ms=work.compute_s * 1e3,
+                       buckets=list(work.buckets)))
     return points
 
 
@@ -113,7 +115,7 @@ def main():
             points = []
             for nodes, per_node in layouts:
                 points += check(cluster, fitted["model"], nodes, per_node, args.quick)
-                for p in points[-3:]:
+                for p in points[-3:]:  # the 16 MiB rows and the step
                     print(f"{rate} {p['layout']} {p['kind']} {p['what']}: measured "
                           f"{p['measured_ms']:.1f} ms, model {p['predicted_ms']:.1f} ms "
                           f"({p['error']:+.0%})", flush=True)

@@ -6,7 +6,9 @@ For each node count it prints the reduction ``HPCDDP_REDUCE=auto`` would choose 
 compute-only step over the step), from ``hpcddp.tools.scale_model``: a model of
 latency and bandwidth per link and per node, and buckets reduced one after the other
 as the backward frees them. The figures are a model's, never a measurement; how close
-it comes on the emulated cluster is in the README (benchmarks/bench_scale.py).
+it comes on the emulated cluster is in the README (benchmarks/bench_scale.py). The
+``mpi`` column assumes the MPI library runs Rabenseifner's allreduce; a library that
+chooses another algorithm takes longer (MPICH 5 over TCP: up to 2.1 times on 8 nodes).
 
 The fabric is a fitted one (``--fabric results/scale_model.json --rate 500mbit``) or
 given by its links (``--link-gbit``, ``--link-latency-us``, ``--within-gbyte``...). The

@@ -11,9 +11,13 @@ Each reduction hpcddp runs is priced as its algorithm moves data
 - ``ring``: ``2 (p - 1)`` steps; in each every rank sends ``1/p`` of the buffer to the
   next, and the ring, ordered by node, crosses each node's link once each way. The sums
   of one slice overlap the messages of the others, so the slower of the two counts.
-- ``mpi``: recursive halving then doubling (Rabenseifner's, MPICH's choice for large
-  buffers): ``2 log2 p`` messages, each rank sending ``2 (p - 1) / p`` of the buffer;
-  the exchanges between nodes share the node's link among its ranks.
+- ``mpi``: recursive halving then doubling (Rabenseifner's, the textbook choice for
+  large buffers): ``2 log2 p`` messages, each rank sending ``2 (p - 1) / p`` of the
+  buffer; on nodes of several ranks, MPICH's way: a reduce to one rank per node, the
+  allreduce among those, a broadcast inside each node. An MPI
+  library chooses its own algorithm, and the model cannot know which: MPICH 5's over TCP
+  took 1.6 to 2.1 times this on 4 and 8 nodes (benchmarks/bench_scale.py), which is why
+  ``HPCDDP_REDUCE=auto`` runs hpcddp's ring there.
 - ``node``: a reduce-scatter inside the node, one allreduce per local rank across the
   nodes (all of them sharing the link: each node sends ``2 (n - 1) / n`` of the buffer),
   an allgather inside the node; slices pipeline the three stages, so the slowest stage
@@ -123,11 +127,15 @@ def allreduce_seconds(fabric: Fabric, nodes: int, ranks_per_node: int, nbytes: f
         sums = (size - 1) * chunk / fabric.sum_bytes_per_s
         return 2 * (size - 1) * edge.latency_s + max(wire, sums)
     if reduction == "mpi":
-        # Ranks are numbered node by node: partners at least a node's ranks apart talk
-        # over the link, which all the node's ranks use at once.
-        return _rabenseifner(fabric, size, nbytes, lambda distance: (
-            fabric.between.shared(ranks_per_node) if distance >= ranks_per_node and nodes > 1
-            else fabric.within))
+        if nodes == 1 or ranks_per_node == 1:
+            link = fabric.between if nodes > 1 else fabric.within
+            return _rabenseifner(fabric, size, nbytes, lambda _: link)
+        # MPICH's on nodes of several ranks (MPIR_CVAR_ENABLE_SMP_ALLREDUCE, on by
+        # default): a reduce to one rank per node, their allreduce, a broadcast back.
+        tree = math.ceil(math.log2(ranks_per_node))
+        inside = tree * (fabric.within.seconds(nbytes) + nbytes / fabric.sum_bytes_per_s)
+        spread = tree * fabric.within.seconds(nbytes)
+        return inside + _rabenseifner(fabric, nodes, nbytes, lambda _: fabric.between) + spread
     if reduction == "node":
         if ranks_per_node == 1 or nodes == 1:
             return allreduce_seconds(fabric, nodes, ranks_per_node, nbytes, "mpi")

@@ -44,10 +44,13 @@ def test_node_aware_sends_2_n_minus_1_over_n_per_link_whatever_the_ranks_per_nod
     # in 4 allreduces of a quarter each; one exchange each way of each, so 2 latencies.
     expected = 2 * ALPHA + S * BETA
     assert allreduce_seconds(LINKED, 2, 4, S, "node") == pytest.approx(expected, rel=1e-6)
-    # A flat allreduce of 2 x 4 ranks crosses the link with half the buffer from every
-    # rank at its first step: four times the node-aware one's bytes over it.
+    # MPICH's own on such nodes: one rank per node reduces, then allreduces the whole
+    # buffer with the other node's (the same bytes over the link), and broadcasts.
     assert allreduce_seconds(LINKED, 2, 4, S, "mpi") == \
-        pytest.approx(2 * ALPHA + 4 * S * BETA, rel=1e-6)
+        pytest.approx(2 * ALPHA + S * BETA, rel=1e-6)
+    slow_inside = LINKED._replace(within=Link(0.0, 1e9))
+    assert allreduce_seconds(slow_inside, 2, 4, S, "mpi") == \
+        pytest.approx(2 * ALPHA + S * BETA + 2 * 2 * S / 1e9, rel=1e-6)
 
 
 def test_sums_slower_than_the_link_set_the_ring_s_pace():
