@@ -14,9 +14,9 @@ Each reduction hpcddp runs is priced as its algorithm moves data
 - ``mpi``: recursive halving then doubling (Rabenseifner's, the textbook choice for
   large buffers): ``2 log2 p`` messages, each rank sending ``2 (p - 1) / p`` of the
   buffer; on nodes of several ranks, MPICH's way: a reduce to one rank per node, the
-  allreduce among those, a broadcast inside each node. An MPI
-  library chooses its own algorithm, and the model cannot know which: MPICH 5's over TCP
-  took 1.6 to 2.1 times this on 4 and 8 nodes (benchmarks/bench_scale.py), which is why
+  allreduce among those, a broadcast inside each node. An MPI library chooses its own
+  algorithm, and the model cannot know which: MPICH 5's over TCP took 1.6 to 2.1 times
+  this on 4 and 8 nodes (benchmarks/bench_scale.py), which is why
   ``HPCDDP_REDUCE=auto`` runs hpcddp's ring there.
 - ``node``: a reduce-scatter inside the node, one allreduce per local rank across the
   nodes (all of them sharing the link: each node sends ``2 (n - 1) / n`` of the buffer),
@@ -34,7 +34,7 @@ model's predictions against jobs there; ``hpcddp predict`` uses it.
 """
 
 import math
-from typing import Dict, List, NamedTuple, Sequence, Tuple
+from typing import Dict, NamedTuple, Sequence, Tuple
 
 __all__ = ["Fabric", "Link", "Workload", "allreduce_seconds", "ddp_step_seconds",
            "fit_link", "REDUCTIONS", "SLICE_BYTES"]
@@ -92,21 +92,20 @@ def _check(nodes: int, ranks_per_node: int, nbytes: float) -> None:
         raise ValueError(f"a buffer of {nbytes} bytes: give 0 or more")
 
 
-def _rabenseifner(fabric: Fabric, ranks: int, nbytes: float, link_at) -> float:
-    """MPI's allreduce of ``nbytes`` among ``ranks``: recursive halving, then doubling,
-    among the largest power of two of them (the others first hand their buffer to a
-    partner and get the result back). ``link_at(distance)``: the path between ranks that
-    far apart."""
+def _rabenseifner(fabric: Fabric, ranks: int, nbytes: float, link: Link) -> float:
+    """MPI's allreduce of ``nbytes`` among ``ranks`` over ``link``: recursive halving,
+    then doubling, among the largest power of two of them (the others first hand their
+    buffer to a partner and get the result back)."""
     if ranks == 1:
         return 0.0
     steps = int(math.log2(ranks))
     core = 1 << steps
     seconds = 0.0
     if core != ranks:
-        seconds += 2 * link_at(core).seconds(nbytes) + nbytes / fabric.sum_bytes_per_s
+        seconds += 2 * link.seconds(nbytes) + nbytes / fabric.sum_bytes_per_s
     for k in range(1, steps + 1):  # halving: the buffer's half, quarter... to a partner
         part = nbytes / (1 << k)
-        seconds += 2 * link_at(core >> k).seconds(part) + part / fabric.sum_bytes_per_s
+        seconds += 2 * link.seconds(part) + part / fabric.sum_bytes_per_s
     return seconds
 
 
@@ -129,16 +128,17 @@ def allreduce_seconds(fabric: Fabric, nodes: int, ranks_per_node: int, nbytes: f
     if reduction == "mpi":
         if nodes == 1 or ranks_per_node == 1:
             link = fabric.between if nodes > 1 else fabric.within
-            return _rabenseifner(fabric, size, nbytes, lambda _: link)
+            return _rabenseifner(fabric, size, nbytes, link)
         # MPICH's on nodes of several ranks (MPIR_CVAR_ENABLE_SMP_ALLREDUCE, on by
         # default): a reduce to one rank per node, their allreduce, a broadcast back.
         tree = math.ceil(math.log2(ranks_per_node))
         inside = tree * (fabric.within.seconds(nbytes) + nbytes / fabric.sum_bytes_per_s)
         spread = tree * fabric.within.seconds(nbytes)
-        return inside + _rabenseifner(fabric, nodes, nbytes, lambda _: fabric.between) + spread
+        return inside + _rabenseifner(fabric, nodes, nbytes, fabric.between) + spread
     if reduction == "node":
         if ranks_per_node == 1 or nodes == 1:
             return allreduce_seconds(fabric, nodes, ranks_per_node, nbytes, "mpi")
+
         def inside(total: float) -> float:  # a reduce-scatter or an allgather in the node
             part = total / ranks_per_node
             return (ranks_per_node - 1) * (fabric.within.seconds(part)
@@ -146,7 +146,7 @@ def allreduce_seconds(fabric: Fabric, nodes: int, ranks_per_node: int, nbytes: f
 
         def across(total: float) -> float:  # every local rank's share, over one link
             return _rabenseifner(fabric, nodes, total / ranks_per_node,
-                                 lambda _: fabric.between.shared(ranks_per_node))
+                                 fabric.between.shared(ranks_per_node))
 
         piece = min(nbytes, SLICE_BYTES)
         stages = [inside(nbytes), across(nbytes), inside(nbytes)]
@@ -201,14 +201,3 @@ def fit_link(samples: Sequence[Tuple[float, float]]) -> Link:
                          f"({list(samples)})")
     return Link(max(0.0, mean_t - slope * mean_b), 1.0 / slope)
 
-
-def scaling(fabric: Fabric, layouts: Sequence[Tuple[int, int]], work: Workload,
-            reduction: str) -> List[dict]:
-    """``ddp_step_seconds`` for each (nodes, ranks per node), with the scaling
-    efficiency: the compute-only step over the step."""
-    rows = []
-    for nodes, per_node in layouts:
-        step = ddp_step_seconds(fabric, nodes, per_node, work, reduction)
-        rows.append(dict(step, nodes=nodes, ranks_per_node=per_node,
-                         efficiency=work.compute_s / step["step"]))
-    return rows
