@@ -103,8 +103,8 @@ def main(argv=None) -> int:
         parser.error(str(error))
     if not args.json:
         print("model, not measurement: " + ", ".join(
-            f"{n}" for n in (f"link {fabric.between.bytes_per_s * 8 / 1e9:g} Gbit/s",
-                             f"{fabric.between.latency_s * 1e6:g} us",
+            f"{n}" for n in (f"link {fabric.between.bytes_per_s * 8 / 1e9:.3g} Gbit/s",
+                             f"{fabric.between.latency_s * 1e6:.3g} us",
                              f"{len(work.buckets)} buckets", f"compute {args.compute_ms:g} ms")))
         print(f"{'nodes':>5} {'ranks':>6} {'auto':>5} " +
               " ".join(f"{r + ' ms':>9}" for r in REDUCTIONS) + f" {'efficiency':>10}")
