@@ -25,23 +25,25 @@ import json
 from typing import List
 
 from hpcddp.cli import command_parser
+from hpcddp.ddp.buckets import FIRST_BUCKET_BYTES
 from hpcddp.tools.scale_model import REDUCTIONS, Fabric, Link, Workload, ddp_step_seconds
 from hpcddp.transport.policy import HOST, Layout, for_world
 
 __all__ = ["main", "bucket_bytes", "fabric_from_file"]
 
 _MIB = 1 << 20
-_FIRST_BUCKET = _MIB
 
 
 def bucket_bytes(grad_bytes: int, cap_bytes: int) -> List[int]:
     """Buckets as hpcddp lays them out for gradients of ``grad_bytes`` in parameters
-    no larger than a bucket, in the order they are reduced: 1 MiB first, then
+    no larger than a bucket, in the order they are reduced: the first bucket's cap
+    (``hpcddp.ddp.buckets``, 1 MiB) first, then
     ``cap_bytes`` each, the rest last."""
     if grad_bytes <= 0 or cap_bytes <= 0:
         raise ValueError(f"gradients of {grad_bytes} bytes in buckets of {cap_bytes}: both "
                          "must be positive")
-    buckets, left = [min(grad_bytes, _FIRST_BUCKET)], grad_bytes - min(grad_bytes, _FIRST_BUCKET)
+    first = min(grad_bytes, FIRST_BUCKET_BYTES)
+    buckets, left = [first], grad_bytes - first
     while left > 0:
         buckets.append(min(left, cap_bytes))
         left -= buckets[-1]
