@@ -44,7 +44,8 @@ def group_for(world, options) -> MPIProcessGroup:
     timeout = getattr(options, "timeout", None)
     seconds = timeout.total_seconds() if timeout is not None else 0.0
     return MPIProcessGroup(comm, world.cuda_aware, owns_comm=True, reduction=world.reduction,
-                           timeout=seconds if seconds > 0 else None)
+                           timeout=seconds if seconds > 0 else None,
+                           device_reductions=world.device_reductions)
 
 
 def init_default_group(world) -> bool:

@@ -55,6 +55,8 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
     Args:
         comm: the communicator; group rank and size are its rank and size.
         cuda_aware: hand CUDA tensors to MPI as device buffers.
+        device_reductions: hand them to MPI's ``Ireduce`` and ``Ireduce_scatter`` too
+            (``World.device_reductions``); else those are staged.
         reduction: how allreduces are carried out, ``"mpi"`` or ``"ring"``.
         owns_comm: ``close()`` frees ``comm`` (a duplicate made for this group).
         timeout: seconds any of its operations may be waited for before the wait raises
@@ -66,14 +68,17 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
     _what = "hpcddp process group"
 
     def __init__(self, comm, cuda_aware: bool = False, owns_comm: bool = False,
-                 reduction: str = "mpi", timeout: Optional[float] = None):
+                 reduction: str = "mpi", timeout: Optional[float] = None,
+                 device_reductions: Optional[bool] = None):
         super().__init__(comm.rank, comm.size)
         self.timeout = timeout  # seconds every Work waits at most, as gloo's; None: none
         self._hpcddp_name = self._hpcddp_desc = ""
         self.comm = comm
         self.cuda_aware = cuda_aware
         activity.channel_for(comm, "process group")
-        self.transport = Transport(comm, cuda_aware, reduction=reduction)
+        self.transport = Transport(
+            comm, cuda_aware, reduction=reduction,
+            device_reductions=cuda_aware if device_reductions is None else device_reductions)
         self._where = f"{comm.Get_name()} (rank {comm.rank} of {comm.size})"
         self._owns_comm = owns_comm
         self._tag_ub = None
@@ -125,12 +130,13 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
             raise ValueError(f"ReduceOp.AVG needs a floating-point tensor, got {tensor.dtype}")
         return name, red == dist.ReduceOp.AVG
 
-    def _submit(self, what, tensors, issue, result=None, call="") -> Transfer:
+    def _submit(self, what, tensors, issue, result=None, call="", reduces=False) -> Transfer:
         """Start ``what``; ``call=None`` for point-to-point (not a collective: neither
-        counted for the watchdog nor compared by HPCDDP_DEBUG=detail)."""
+        counted for the watchdog nor compared by HPCDDP_DEBUG=detail); ``reduces`` where
+        MPI's own reduction combines the data."""
         self._check_open()
         return self.transport.submit(f"{what} on {self._where}", tensors, issue, result,
-                                     what if call == "" else call)
+                                     what if call == "" else call, reduces)
 
     def _work(self, transfers, result, cls=Work):
         return cls(transfers, result, self.timeout)
@@ -182,7 +188,7 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
                 return self.comm.Ireduce(MPI.IN_PLACE, b.buf, op=mpi_op(name, b.kind), root=root)
             return self.comm.Ireduce(b.buf, None, op=mpi_op(name, b.kind), root=root)
         transfer = self._submit(_label(f"reduce ({name}) to rank {root}", tensor),
-                                [(send, True, is_root)], issue)
+                                [(send, True, is_root)], issue, reduces=True)
         return self._work([transfer], [tensor])
 
     def broadcast(self, tensors, opts=None):
@@ -256,12 +262,12 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
             return self._submit(_label(f"reduce_scatter ({name}, uneven)", output),
                                 [reads(tensor), writes(output)], uneven,
                                 call=f"reduce_scatter ({name}, uneven) of "
-                                     f"{str(tensor.dtype)[6:]}")
+                                     f"{str(tensor.dtype)[6:]}", reduces=True)
 
         def issue(src, dst):
             return self.comm.Ireduce_scatter_block(src.buf, dst.buf, op=mpi_op(name, dst.kind))
         return self._submit(_label(f"reduce_scatter ({name})", output),
-                            [reads(tensor), writes(output)], issue)
+                            [reads(tensor), writes(output)], issue, reduces=True)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.ReduceScatterOptions()

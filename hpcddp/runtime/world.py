@@ -121,6 +121,9 @@ class World(Closable):
         cuda_aware: whether MPI is given CUDA device buffers; ``cuda_aware_reason`` says why.
         device_verdict: the device-buffer self-test's ``DeviceVerdict`` where it ran (MPI
             reported CUDA support and no ``HPCDDP_CUDA_AWARE`` override), else None.
+        device_reductions: whether MPI's own reducing collectives (``Ireduce``,
+            ``Ireduce_scatter``) are given device buffers: where MPI is CUDA-aware and
+            the self-test did not see its device ``Iallreduce`` fail; else staged.
         reduction: how allreduces are carried out, ``"mpi"`` (MPI's ``Iallreduce``) or
             ``"ring"`` (hpcddp's ring of point-to-point); ``reduction_reason`` says why.
         is_main: true on rank 0, the rank that prints and writes.
@@ -166,6 +169,10 @@ class World(Closable):
         if aware.aware and override is None and torch.cuda.is_available():
             self._confirm_cuda_aware()
         self._choose_reduction(get_setting("REDUCE"))
+        # MPI's own reducing collectives (Ireduce, Ireduce_scatter) reduce with host code
+        # where its device Iallreduce does: device buffers go to them only where that passed.
+        verdict = self.device_verdict
+        self.device_reductions = self.cuda_aware and (verdict is None or verdict.iallreduce.passed)
         self._opened()
 
     def _choose_reduction(self, setting: str) -> None:

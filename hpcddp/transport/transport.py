@@ -44,6 +44,9 @@ class Transport:
         reduction: how an allreduce is carried out at first: ``"mpi"`` (MPI's
             ``Iallreduce``), ``"ring"`` (hpcddp's ring of point-to-point, ``ring.py``) or
             ``"node"`` (``node_aware.py``); ``choice.py`` picks per buffer.
+        device_reductions: MPI's own reductions other than allreduce (``Ireduce``,
+            ``Ireduce_scatter``, through ``submit(..., reduces=True)``) may be given
+            device buffers; False stages them (Open MPI's libnbc reduces on the host).
         inflight_bytes: the most bytes of host memory in issued, uncompleted operations
             (device buffers are not counted); a piece that would pass it waits its turn
             until earlier ones complete (one may always be in flight). None:
@@ -59,8 +62,9 @@ class Transport:
 
     def __init__(self, comm, cuda_aware: bool = False, cuda=torch.cuda, pinned: bool = True,
                  chunk_bytes: int = 4 << 20, reduction: str = "mpi",
-                 inflight_bytes: Optional[int] = None):
+                 device_reductions: bool = True, inflight_bytes: Optional[int] = None):
         self.comm, self.cuda_aware, self.cuda = comm, cuda_aware, cuda
+        self.device_reductions = device_reductions
         self.inflight_bytes = get_setting("INFLIGHT_MB") << 20 if inflight_bytes is None \
             else inflight_bytes
         self.channel = activity.channel_for(comm)
@@ -85,10 +89,13 @@ class Transport:
 
     # -- routes --------------------------------------------------------------------------
 
-    def route_for(self, tensor: torch.Tensor) -> Route:
-        """The route for ``tensor``: host memory, device memory, or staged."""
+    def route_for(self, tensor: torch.Tensor, reduces: bool = False) -> Route:
+        """The route for ``tensor``: host memory, device memory, or staged. ``reduces``:
+        MPI's own reduction other than allreduce will combine it."""
         if not tensor.is_cuda:
             return self.host
+        if reduces and not self.device_reductions:
+            return self.staged
         # MPI's bf16 sum is a user-defined operation that runs on the host; the ring sums
         # bf16 with torch kernels where the data is.
         if self.cuda_aware and (tensor.dtype != torch.bfloat16 or self.reduction.name == "ring"):
@@ -140,8 +147,8 @@ class Transport:
                            lambda b: self.comm.Ibcast(b.buf, root=root), result=tensor,
                            call=f"broadcast from rank {root} of {_shape(tensor)}")
 
-    def submit(self, name: str, tensors: Sequence[Use],
-               issue: Issue, result=None, call: Optional[str] = "") -> Transfer:
+    def submit(self, name: str, tensors: Sequence[Use], issue: Issue, result=None,
+               call: Optional[str] = "", reduces: bool = False) -> Transfer:
         """Start one MPI operation on ``tensors``.
 
         Args:
@@ -154,10 +161,12 @@ class Transport:
             call: what every rank must agree on for a collective (kind, shape, dtype,
                 root), ``name`` when empty; None for point-to-point, which is neither
                 counted nor compared.
+            reduces: MPI reduces the data (``Ireduce``, ``Ireduce_scatter``): device
+                tensors are staged where ``device_reductions`` is off.
         """
         bindings, route = [], self.host
         for tensor, read, write in tensors:
-            route = self.route_for(tensor)
+            route = self.route_for(tensor, reduces)
             bindings.extend(route.bind(tensor, read=read, write=write))
         return self._start(route, name, [(bindings, issue)], result,
                            name if call == "" else call)

@@ -87,16 +87,16 @@ def test_broadcast_matches_gloo(world, gloo, root, device):
     assert torch.equal(ours.cpu(), MPI.COMM_WORLD.bcast(_data(world), root))
 
 
-def test_all_gather_list_and_into_tensor_match_gloo(world, gloo):
+def test_all_gather_list_and_into_tensor_match_gloo(world, gloo, device):
     mine = _data(world, shape=(3, 2))
-    ours = [torch.empty_like(mine) for _ in range(world.size)]
+    ours = [torch.empty_like(mine, device=device) for _ in range(world.size)]
     theirs = [torch.empty_like(mine) for _ in range(world.size)]
-    dist.all_gather(ours, mine)
+    dist.all_gather(ours, mine.to(device))
     gloo.allgather([theirs], [mine]).wait()
-    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
-    flat = torch.empty((world.size * 3, 2))
-    dist.all_gather_into_tensor(flat, mine)
-    assert torch.equal(flat, torch.cat(theirs))
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(ours, theirs))
+    flat = torch.empty((world.size * 3, 2), device=device)
+    dist.all_gather_into_tensor(flat, mine.to(device))
+    assert torch.equal(flat.cpu(), torch.cat(theirs))
 
 
 @pytest.mark.parametrize("shapes", [[(3, 2), (4,), (1, 1, 5)], [(2,), (0,), (3,)]],
@@ -130,24 +130,30 @@ def test_all_gather_non_contiguous_output(world):
 
 
 @pytest.mark.parametrize("op", ["SUM", "MAX"])
-def test_reduce_scatter_matches_gloo(world, gloo, op):
+def test_reduce_scatter_matches_gloo(world, gloo, op, device):
+    """On a GPU too: MPI's own Ireduce_scatter gets device buffers only where the
+    self-test trusts its device reductions (Open MPI's libnbc sums on the host)."""
     inputs = [_data(world, shape=(4,), salt=k) for k in range(world.size)]
-    ours, theirs = torch.empty(4), torch.empty(4)
+    ours, theirs = torch.empty(4, device=device), torch.empty(4)
     red = getattr(dist.ReduceOp, op)
-    dist.reduce_scatter(ours, inputs, op=red)
+    dist.reduce_scatter(ours, [t.to(device) for t in inputs], op=red)
     gloo.reduce_scatter([theirs], [inputs], _opts(dist.ReduceScatterOptions, reduceOp=red)).wait()
-    torch.testing.assert_close(ours, theirs, **FLOAT_TOL)
-    single = torch.empty(4)
-    dist.reduce_scatter_tensor(single, torch.cat(inputs), op=red)
-    torch.testing.assert_close(single, theirs, **FLOAT_TOL)
+    torch.testing.assert_close(ours.cpu(), theirs, **FLOAT_TOL)
+    single = torch.empty(4, device=device)
+    dist.reduce_scatter_tensor(single, torch.cat(inputs).to(device), op=red)
+    torch.testing.assert_close(single.cpu(), theirs, **FLOAT_TOL)
+    # Negative control: the result is not this rank's own part.
+    mine = inputs[world.rank]
+    assert MPI.COMM_WORLD.allreduce(int(not torch.equal(single.cpu(), mine)), op=MPI.SUM) > 0
 
 
-def test_reduce_to_root(world, gloo):
-    ours, theirs = _data(world), _data(world)
+def test_reduce_to_root(world, gloo, device):
+    ours, theirs = _data(world).to(device), _data(world)
     dist.reduce(ours, dst=0)
     gloo.reduce([theirs], _opts(dist.ReduceOptions, rootRank=0)).wait()
     if world.rank == 0:
-        torch.testing.assert_close(ours, theirs, **FLOAT_TOL)
+        torch.testing.assert_close(ours.cpu(), theirs, **FLOAT_TOL)
+        assert not torch.equal(ours.cpu(), _data(world)), "nothing was reduced"
 
 
 def test_gather_and_scatter_match_gloo(world, gloo):

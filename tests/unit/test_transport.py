@@ -234,6 +234,53 @@ def test_cpu_tensors_go_to_mpi_from_their_own_memory():
     assert t.route_for(torch.ones(2, dtype=torch.bfloat16)) is t.host
 
 
+class _DeviceTensor:
+    """What ``route_for`` reads of a CUDA tensor (there is no GPU here)."""
+    is_cuda, dtype = True, torch.float32
+
+
+def test_mpi_reductions_of_device_buffers_are_staged_where_its_iallreduce_failed():
+    """Open MPI's Ireduce_scatter and Ireduce reduce device buffers with host code, as its
+    Iallreduce does (a SIGSEGV under FSDP2 on a GPU): with ``device_reductions`` off they
+    are staged, while data that MPI only moves stays on the device."""
+    dev = _DeviceTensor()
+    t = Transport(MPI.COMM_SELF, cuda_aware=True, pinned=False, device_reductions=False)
+    assert t.route_for(dev) is t.device
+    assert t.route_for(dev, reduces=True) is t.staged
+    t = Transport(MPI.COMM_SELF, cuda_aware=True, pinned=False, device_reductions=True)
+    assert t.route_for(dev, reduces=True) is t.device
+    t = Transport(MPI.COMM_SELF, cuda_aware=False, pinned=False)
+    assert t.route_for(dev, reduces=True) is t.staged and t.route_for(dev) is t.staged
+
+
+def test_process_group_marks_mpis_own_reductions(monkeypatch):
+    """The process group says which of its operations MPI reduces: reduce and
+    reduce_scatter (even and uneven) do, all_gather and broadcast only move data."""
+    import torch.distributed as dist
+
+    from hpcddp.backend.process_group import MPIProcessGroup
+
+    pg = MPIProcessGroup(MPI.COMM_SELF.Dup(), cuda_aware=True, owns_comm=True,
+                         device_reductions=False)
+    asked = []
+    real = pg.transport.route_for
+    monkeypatch.setattr(pg.transport, "route_for",
+                        lambda tensor, reduces=False: asked.append(reduces) or real(tensor))
+    try:
+        def count(run):
+            asked.clear()
+            run()
+            return set(asked)
+        out, x = torch.zeros(3), torch.ones(3)
+        assert count(lambda: pg._reduce_scatter_base(out, x).wait()) == {True}
+        assert count(lambda: pg.reduce_scatter([out], [[x]]).wait()) == {True}
+        assert count(lambda: pg.reduce([x], dist.ReduceOptions()).wait()) == {True}
+        assert count(lambda: pg._allgather_base(out, x).wait()) == {False}
+        assert count(lambda: pg.broadcast([x], dist.BroadcastOptions()).wait()) == {False}
+    finally:
+        pg.close()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
 def test_pinning_without_cuda_says_why():
     with pytest.raises(RuntimeError, match="pinned host memory needs CUDA"):

@@ -11,7 +11,8 @@
 #    (open-mpi/ompi#9845) in a child job, and which reduction hpcddp's auto takes;
 # 3. the CUDA tests (HPCDDP_TEST_GPU=1: a skip is a failure) under mpirun -n 2 in each
 #    mode, HPCDDP_REDUCE=mpi, ring, staged and auto: DDP against single-process training
-#    and torch's DDP, SyncBatchNorm, comm hooks, sparse gradients, the backend;
+#    and torch's DDP, SyncBatchNorm, comm hooks, sparse gradients, the backend; and FSDP2
+#    on the GPU against single-process training, in auto;
 # 4. bench_ddp --device cuda: the bare step, hpcddp in each mode and torch's DDP on gloo,
 #    2 ranks sharing the GPU, in one job per mode; bench_memory --device cuda: the memory
 #    DDP (with and without gradient_as_bucket_view) and a checkpoint load add, against
@@ -191,6 +192,10 @@ for mode in auto mpi ring staged; do
     "${MPIRUN[@]}" -n 2 "$PY" -m pytest -q -p no:cacheprovider -p hpcddp.testing -k "cuda or gpu or sparse" \
     "${CUDA_TESTS[@]}" &
 done
+# FSDP2 on device tensors (its own streams, all-gathers and reduce-scatters) against
+# single-process training on the same GPU, with what users get (auto).
+step fsdp2_cuda gpu 240 env HPCDDP_REDUCE=auto HPCDDP_TEST_GPU=1 "${MPIRUN[@]}" -n 2 "$PY" \
+  -m pytest -q -p no:cacheprovider -p hpcddp.testing -k "on_device" tests/mpi/parallel/test_fsdp.py &
 wait
 # A rehearsal also runs the same files, launcher and modes on host buffers (the GPU cases
 # skip), so that the command itself is proven before a GPU run.
@@ -199,6 +204,8 @@ if [ "$REHEARSAL" = 1 ]; then
     step "host_tests_$mode" any 240 env HPCDDP_REDUCE=$mode HPCDDP_TEST_GPU=0 \
       "${MPIRUN[@]}" -n 2 "$PY" -m pytest -q -x -p no:cacheprovider -p hpcddp.testing "${CUDA_TESTS[@]}"
   done
+  step host_fsdp2 any 240 env HPCDDP_REDUCE=auto HPCDDP_TEST_GPU=0 "${MPIRUN[@]}" -n 2 "$PY" \
+    -m pytest -q -p no:cacheprovider -p hpcddp.testing -k "on_device" tests/mpi/parallel/test_fsdp.py
 fi
 
 # -- 5. the DDP step on the GPU in the forced modes, on the MLP (the target's model) -------

@@ -55,6 +55,21 @@ def test_fsdp2_matches_single_process(world, reshard):
     assert states_differ(ours, full_state(make_net())), "training changed nothing"
 
 
+def test_fsdp2_matches_single_process_on_device(world, device):
+    """The same on this rank's GPU (where there is one): FSDP2's all-gathers and
+    reduce-scatters on device tensors, run on its own streams, against single-process
+    training on the same device."""
+    data = [(x.to(device), y.to(device)) for x, y in batches()]
+    ref = train_single(make_net().to(device), data, _adam)
+    mesh = init_device_mesh(device.type, (world.size,))
+    model = _shard(make_net().to(device), mesh)
+    assert model.inp.weight.to_local().device.type == device.type
+    _train(model, data, _adam(model.parameters()), world.rank, world.size)
+    ours = full_state(model)
+    assert_states_close(ours, dict(ref.named_parameters()), **FP32)
+    assert states_differ(ours, full_state(make_net().to(device))), "training changed nothing"
+
+
 def test_fsdp2_without_reduction_differs(world):
     """Negative control: the same per-rank training without FSDP's reduction is far
     from the reference, so the match above needs the backend's collectives."""
