@@ -10,6 +10,8 @@ from hpcddp.version import __version__
 
 _COMMANDS = {
     "doctor": ("hpcddp.tools.doctor", "check the MPI/torch set-up on every rank and measure MPI"),
+    "lost": ("hpcddp.tools.lost", "after a failed job: the node it lost, from the launcher's log "
+             "and hpcddp's reports"),
     "pack": ("hpcddp.data.pack", "write .npy/.npz arrays into an HDF5 file for ShardedLoader"),
     "predict": ("hpcddp.tools.predict", "predict a DDP step and its scaling on a layout, from a "
                 "model of links and buckets"),

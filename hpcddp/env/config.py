@@ -204,8 +204,10 @@ def get_setting(name: str, environ: Optional[Mapping[str, str]] = None):
     return raw
 
 
-# Read by hpcddp's test suite and scripts, or set by the library for its own processes.
-_ELSEWHERE = ("TEST_GPU", "TEST_EXIT_S", "SRUN_MPI", "LOADER_WORKER")
+# Read by hpcddp's test suite and scripts (slurm/train.sbatch: the launcher, spares and
+# healing), or set by the library for its own processes.
+_ELSEWHERE = ("TEST_GPU", "TEST_EXIT_S", "SRUN_MPI", "LAUNCHER", "SPARE_NODES", "MAX_RESTARTS",
+              "HEAL", "HEAL_DIR", "LOADER_WORKER")
 
 # Set in the environment of ShardedLoader's worker processes (hpcddp.data.workers).
 LOADER_WORKER_VARIABLE = "HPCDDP_LOADER_WORKER"

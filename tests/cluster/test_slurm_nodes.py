@@ -52,9 +52,26 @@ def test_two_node_job_trains_across_nodes(slurm_nodes, submit, tmp_path):
     assert re.search(r"^world_size=4 .* nodes=2$", text, re.M), text[-3000:]
 
 
-def test_preemption_requeues_once_and_resumes_identically(slurm_nodes, submit, tmp_path):
-    epochs = ["--epochs", "40"]
-    job, log = submit("--run-dir", tmp_path / "preempted", *epochs, log="preempted.out")
+EPOCHS = ["--epochs", "40"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(slurm_nodes, tmp_path_factory):
+    """What the script's 2 x 2 job of 40 epochs ends with when nothing interrupts it."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    log = folder / "train.out"
+    job = slurm_nodes.sbatch(*NODES, "--chdir", ROOT, "--output", log,
+                             ROOT / "slurm" / "train.sbatch", "--run-dir", folder / "run",
+                             *EPOCHS, env=ENV)
+    assert slurm_nodes.wait(job, timeout=400)["JobState"] == "COMPLETED", read_log(log)[-3000:]
+    result = _final(read_log(log))
+    assert result[0] is not None and result[1] is not None, read_log(log)[-3000:]
+    return result
+
+
+def test_preemption_requeues_once_and_resumes_identically(slurm_nodes, submit, tmp_path,
+                                                          uninterrupted):
+    job, log = submit("--run-dir", tmp_path / "preempted", *EPOCHS, log="preempted.out")
     deadline = time.monotonic() + 240
     while "epoch 3:" not in read_log(log):
         assert time.monotonic() < deadline, read_log(log)[-2000:]
@@ -70,11 +87,46 @@ def test_preemption_requeues_once_and_resumes_identically(slurm_nodes, submit, t
     assert text.count("hpcddp: preempted; requeueing Slurm job") == 1
     assert re.search(r"resumed from .* \(Slurm restart 1\): continuing at epoch", text)
 
-    reference, ref_log = submit("--run-dir", tmp_path / "uninterrupted", *epochs,
-                                log="uninterrupted.out")
-    assert slurm_nodes.wait(reference, timeout=400)["JobState"] == "COMPLETED"
-    assert _final(text) == _final(read_log(ref_log))
-    assert _final(text)[1] is not None
+    assert _final(text) == uninterrupted
+
+
+def _wait_for(log, words, seconds=240):
+    deadline = time.monotonic() + seconds
+    while words not in read_log(log):
+        assert time.monotonic() < deadline, read_log(log)[-2000:]
+        time.sleep(0.2)
+
+
+def test_a_node_whose_ranks_die_is_left_out_and_a_spare_takes_over(slurm_nodes, cluster,
+                                                                   tmp_path, uninterrupted):
+    """Three nodes, one held as a spare: the ranks of a training node die while its slurmd
+    lives (Slurm sees nothing wrong), the script names the node from the launcher's words,
+    starts the step again on the other two and resumes from the checkpoint, and ends as
+    the uninterrupted job does."""
+    log = tmp_path / "healed.out"
+    job = slurm_nodes.sbatch("--nodes=3", "--ntasks-per-node=2", "--chdir", ROOT,
+                             "--output", log, ROOT / "slurm" / "train.sbatch",
+                             "--run-dir", tmp_path / "run", *EPOCHS,
+                             env=dict(ENV, HPCDDP_SPARE_NODES="1",
+                                      HPCDDP_HEAL_DIR=str(tmp_path / "heal")))
+    _wait_for(log, "epoch 3:")
+    victim = cluster.nodes[1]
+    assert cluster.kill_node(victim, launcher_too=False), f"no process found in {victim}"
+    info = slurm_nodes.wait(job, timeout=600)
+    text = read_log(log)
+    assert info["JobState"] == "COMPLETED", text[-4000:]
+    assert info["Restarts"] == "0"  # healed inside the allocation, not requeued
+    assert f"hpcddp: training on {cluster.nodes[0]},{victim}" in text, text[-3000:]
+    assert f"hpcddp: lost node {victim}: the launcher: " in text, text[-3000:]
+    assert "restart 1 of 3 without it, resuming from the last checkpoint" in text
+    assert f"hpcddp: training on {cluster.nodes[0]},{cluster.nodes[2]}" in text
+    assert re.search(r"resumed from .*: continuing at epoch [1-9]", text), text[-3000:]
+    assert (tmp_path / "heal" / "lost").read_text() == f"{victim}\n"
+    assert _final(text) == uninterrupted
+    assert _final(text)[0][1] >= 0.95
+    # Slurm never saw the node fail: its slurmd answers, and it takes jobs again.
+    state = slurm_nodes.run("sinfo", "-h", "-n", victim, "-o", "%T").split()
+    assert state and state[0] in ("idle", "mixed", "allocated"), state
 
 
 def test_srun_without_pmi_is_refused_on_every_task(slurm_nodes, tmp_path):

@@ -17,7 +17,8 @@ def hpcddp(*args):
 def test_no_command_or_an_unknown_one_is_a_usage_error(args, message):
     done = hpcddp(*args)
     assert done.returncode == 2
-    assert message in done.stderr and "choose one of doctor, pack, predict, timeline" in done.stderr
+    assert message in done.stderr
+    assert "choose one of doctor, lost, pack, predict, timeline" in done.stderr
     assert done.stderr.startswith("usage: hpcddp") and done.stdout == ""
 
 
@@ -27,14 +28,15 @@ def test_help_is_not_an_error():
 
 
 @pytest.mark.parametrize("args", [("--version",), ("doctor", "--version"), ("pack", "--version"),
-                                  ("predict", "--version"), ("timeline", "--version")])
+                                  ("predict", "--version"), ("timeline", "--version"),
+                                  ("lost", "--version")])
 def test_version_is_the_installed_distributions(args):
     done = hpcddp(*args)
     assert done.returncode == 0
     assert done.stdout.strip() == f"hpcddp {importlib.metadata.version('hpcddp')}"
 
 
-@pytest.mark.parametrize("command", ["doctor", "pack", "predict", "timeline"])
+@pytest.mark.parametrize("command", ["doctor", "lost", "pack", "predict", "timeline"])
 def test_command_help_is_plain_text(command):
     done = hpcddp(command, "--help")
     assert done.returncode == 0 and f"usage: hpcddp {command}" in done.stdout

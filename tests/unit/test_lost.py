@@ -1,0 +1,92 @@
+"""``hpcddp lost``: the node a failed job lost, from the launchers' words and the
+watchdog's reports. The launchers' lines are as each MPI prints them (the same words the
+cross-node fault tests find in real jobs, tests/cluster/test_faults.py, which also run
+this command on what each real fault left)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hpcddp.tools.lost import LOST_EXIT, from_launcher, from_reports
+
+DEATHS = {
+    "srun": "srun: error: n2: task 3: Killed\nsrun: Terminating StepId=7.0\n"
+            "srun: error: n1: tasks 0-1: Killed\n",
+    "mpich hydra": "=================\n=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n"
+                   "=   PID 4242 RUNNING AT n2\n=   EXIT CODE: 9\n=   CLEANING UP\n",
+    "intel hydra": "=   RANK 2 PID 33 RUNNING AT n2\n=   KILLED BY SIGNAL: 9 (Killed)\n",
+    "open mpi": "prterun noticed that process rank 2 with PID 0 on node n2 exited on\n"
+                "signal 9 (Killed).\n",
+    "prterun": "PRTE has lost communication with a remote daemon.\n\n"
+               "  HNP daemon   : [prterun-n1-1@0,0] on node n1\n"
+               "  Remote daemon: [prterun-n1-1@0,1] on node n2\n",
+    "srun, a segfault": "srun: error: n2: task 2: Segmentation fault (core dumped)\n",
+}
+# A rank that exits (hpcddp's abort, a Python error) blames no node, though the launcher
+# then kills the others and says so.
+EXITS = {
+    "srun": "srun: error: n1: task 0: Exited with exit code 1\nsrun: error: n2: tasks 2-3: "
+            "Killed\n",
+    "mpich hydra": "=   PID 4242 RUNNING AT n1\n=   EXIT CODE: 1\n",
+    "nothing": "epoch 3: loss 0.2\n",
+}
+
+
+@pytest.mark.parametrize("launcher", DEATHS)
+def test_the_first_death_names_its_node(launcher):
+    found = from_launcher(DEATHS[launcher])
+    assert found["node"] == "n2", found
+    assert found["why"].startswith("the launcher: ")
+
+
+@pytest.mark.parametrize("launcher", EXITS)
+def test_an_exit_names_no_node(launcher):
+    assert from_launcher(EXITS[launcher]) is None
+
+
+def _wait(rank, host, silent):
+    return {"kind": "wait", "rank": rank, "host": host,
+            "silent_nodes": [{"node": node, "ranks": []} for node in silent]}
+
+
+def test_both_sides_of_a_link_blame_each_other_and_rank_zeros_side_decides():
+    found = from_reports([_wait(3, "n2", ["n1"]), _wait(1, "n1", ["n2"]),
+                          _wait(0, "n1", ["n2"])])
+    assert found["node"] == "n2" and "on n1" in found["why"]
+
+
+def test_on_three_nodes_the_node_most_others_find_silent_is_lost():
+    # n2's link is down: n1 and n3 find n2 silent, n2 finds both of them silent.
+    found = from_reports([_wait(2, "n2", ["n1", "n3"]), _wait(0, "n1", ["n2"]),
+                          _wait(4, "n3", ["n2"])])
+    assert found["node"] == "n2" and "n1, n3" in found["why"]
+
+
+def test_reports_that_name_no_silent_node_name_none():
+    assert from_reports([{"kind": "exception", "rank": 0, "host": "n1"},
+                         _wait(0, "n1", [])]) is None
+
+
+def _lost(*args):
+    return subprocess.run([sys.executable, "-m", "hpcddp", "lost", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_command_prints_the_node_or_exits_3(tmp_path):
+    (tmp_path / "hpcddp-report-rank0.json").write_text(json.dumps(_wait(0, "n1", ["n2"])))
+    (tmp_path / "hpcddp-report-rank3.json").write_text("{half a rep")  # killed mid-write
+    log = tmp_path / "job.out"
+    log.write_text(EXITS["mpich hydra"])
+    done = _lost("--reports", str(tmp_path), "--log", str(log))
+    assert (done.returncode, done.stdout) == (0, "n2\n"), done.stderr
+    assert "hpcddp lost: n2: every rank on it silent" in done.stderr
+    log.write_text(DEATHS["srun"])
+    done = _lost("--log", str(log), "--json")
+    assert json.loads(done.stdout)[0]["node"] == "n2"
+    log.write_text(EXITS["nothing"])
+    done = _lost("--log", str(log))
+    assert done.returncode == LOST_EXIT and done.stdout == ""
+    assert "no node named" in done.stderr
+    assert _lost().returncode == 2
