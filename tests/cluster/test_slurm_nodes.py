@@ -35,7 +35,8 @@ def submit(slurm_nodes, tmp_path):
     def run(*args, log="train.out"):
         path = tmp_path / log
         job = slurm_nodes.sbatch(*NODES, "--chdir", ROOT, "--output", path,
-                                 ROOT / "slurm" / "train.sbatch", *args, env=ENV)
+                                 ROOT / "slurm" / "train.sbatch", *args,
+                                 env=dict(ENV, HPCDDP_HEAL_DIR=str(tmp_path / f"heal-{log}")))
         return job, path
     return run
 
@@ -52,17 +53,17 @@ def test_two_node_job_trains_across_nodes(slurm_nodes, submit, tmp_path):
     assert re.search(r"^world_size=4 .* nodes=2$", text, re.M), text[-3000:]
 
 
-EPOCHS = ["--epochs", "40"]
+EPOCHS = ["--epochs", "20"]
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(slurm_nodes, tmp_path_factory):
-    """What the script's 2 x 2 job of 40 epochs ends with when nothing interrupts it."""
+    """What the script's 2 x 2 job of 20 epochs ends with when nothing interrupts it."""
     folder = tmp_path_factory.mktemp("uninterrupted")
     log = folder / "train.out"
     job = slurm_nodes.sbatch(*NODES, "--chdir", ROOT, "--output", log,
                              ROOT / "slurm" / "train.sbatch", "--run-dir", folder / "run",
-                             *EPOCHS, env=ENV)
+                             *EPOCHS, env=dict(ENV, HPCDDP_HEAL_DIR=str(folder / "heal")))
     assert slurm_nodes.wait(job, timeout=400)["JobState"] == "COMPLETED", read_log(log)[-3000:]
     result = _final(read_log(log))
     assert result[0] is not None and result[1] is not None, read_log(log)[-3000:]
@@ -127,6 +128,33 @@ def test_a_node_whose_ranks_die_is_left_out_and_a_spare_takes_over(slurm_nodes, 
     # Slurm never saw the node fail: its slurmd answers, and it takes jobs again.
     state = slurm_nodes.run("sinfo", "-h", "-n", victim, "-o", "%T").split()
     assert state and state[0] in ("idle", "mixed", "allocated"), state
+
+
+def test_without_a_spare_a_successor_goes_on_without_the_node(slurm_nodes, cluster, tmp_path,
+                                                              uninterrupted):
+    """Two nodes and no spare: the ranks of the second die while its slurmd lives. The
+    job cannot go on in its allocation, so it submits its successor excluding the node,
+    which resumes from the checkpoint on the other two nodes and ends as the
+    uninterrupted job does, in the same log."""
+    log = tmp_path / "successor.out"
+    job = slurm_nodes.sbatch(*NODES, "--chdir", ROOT, "--output", log,
+                             ROOT / "slurm" / "train.sbatch", "--run-dir", tmp_path / "run",
+                             *EPOCHS, env=dict(ENV, HPCDDP_HEAL_DIR=str(tmp_path / "heal")))
+    _wait_for(log, "epoch 3:")
+    victim = cluster.nodes[1]
+    assert cluster.kill_node(victim, launcher_too=False), f"no process found in {victim}"
+    assert slurm_nodes.wait(job, timeout=180)["JobState"] == "FAILED", read_log(log)[-3000:]
+    found = re.search(r"hpcddp: no spare node left; submitted job (\d+) to go on without "
+                      rf"{victim}, from the last checkpoint", read_log(log))
+    assert found, read_log(log)[-3000:]
+    info = slurm_nodes.wait(int(found.group(1)), timeout=600)
+    text = read_log(log)
+    assert info["JobState"] == "COMPLETED", text[-4000:]
+    assert info["ExcNodeList"] == victim, info
+    assert info["NodeList"] == f"{cluster.name}-n[1,3]", info
+    assert f"hpcddp: lost node {victim}: the launcher: " in text
+    assert re.search(r"resumed from .*: continuing at epoch [1-9]", text), text[-3000:]
+    assert _final(text) == uninterrupted
 
 
 def test_srun_without_pmi_is_refused_on_every_task(slurm_nodes, tmp_path):

@@ -25,6 +25,7 @@ def submit(slurm, tmp_path):
         path = tmp_path / log
         job = slurm.sbatch(*sbatch_args, "--chdir", ROOT, "--output", path,
                            ROOT / "slurm" / "train.sbatch", *args,
-                           env={"PYTHON": sys.executable})
+                           env={"PYTHON": sys.executable,
+                                "HPCDDP_HEAL_DIR": str(tmp_path / f"heal-{log}")})
         return job, path
     return run
