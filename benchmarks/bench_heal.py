@@ -43,6 +43,7 @@ _SUCCESSOR = re.compile(r"submitted job (\d+) to go on without")
 
 
 def _submit(slurm, folder, nodes, spares=0):
+    folder.mkdir(parents=True, exist_ok=True)  # Slurm makes no folder for --output
     log = folder / "train.out"
     env = dict(ENV, HPCDDP_HEAL_DIR=str(folder / "heal"), HPCDDP_SPARE_NODES=str(spares))
     job = slurm.sbatch(f"--nodes={nodes}", "--ntasks-per-node=2", "--chdir", ROOT,

@@ -195,7 +195,8 @@ done
 # FSDP2 on device tensors (its own streams, all-gathers and reduce-scatters) against
 # single-process training on the same GPU, with what users get (auto).
 step fsdp2_cuda gpu 240 env HPCDDP_REDUCE=auto HPCDDP_TEST_GPU=1 "${MPIRUN[@]}" -n 2 "$PY" \
-  -m pytest -q -p no:cacheprovider -p hpcddp.testing -k "on_device" tests/mpi/parallel/test_fsdp.py &
+  -m pytest -q -p no:cacheprovider -p hpcddp.testing -k "on_device" \
+  tests/mpi/parallel/test_fsdp.py &
 wait
 # A rehearsal also runs the same files, launcher and modes on host buffers (the GPU cases
 # skip), so that the command itself is proven before a GPU run.
@@ -205,7 +206,8 @@ if [ "$REHEARSAL" = 1 ]; then
       "${MPIRUN[@]}" -n 2 "$PY" -m pytest -q -x -p no:cacheprovider -p hpcddp.testing "${CUDA_TESTS[@]}"
   done
   step host_fsdp2 any 240 env HPCDDP_REDUCE=auto HPCDDP_TEST_GPU=0 "${MPIRUN[@]}" -n 2 "$PY" \
-    -m pytest -q -p no:cacheprovider -p hpcddp.testing -k "on_device" tests/mpi/parallel/test_fsdp.py
+    -m pytest -q -p no:cacheprovider -p hpcddp.testing -k "on_device" \
+    tests/mpi/parallel/test_fsdp.py
 fi
 
 # -- 5. the DDP step on the GPU in the forced modes, on the MLP (the target's model) -------
