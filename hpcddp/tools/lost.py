@@ -18,8 +18,10 @@ and prints the nodes to leave out, one line, comma-separated, as ``srun --exclud
   where the reports of more nodes name it than name any other; between two nodes the
   side of rank 0 (where the launcher's output is) decides.
 
-A rank that ended with an exception, or a failed test, names no node: that is a bug to
-fix, not a node to leave out, and a restart would meet it again.
+The watchdog's verdict comes first: after its abort the launcher ends healthy ranks and
+may say it killed them, so only what the launcher said before any abort of hpcddp's
+counts. A rank that ended with an exception, or a failed test, names no node: that is a
+bug to fix, not a node to leave out, and a restart would meet it again.
 
 Exit status: 0 with the nodes printed, 3 where nothing names a node (the script should
 not restart then), 2 for a usage error.
@@ -63,9 +65,18 @@ _LAUNCHER_LINES = [
 ]
 
 
+# hpcddp's own abort (the watchdog's verdict, an exception): what the launcher says after
+# it is the launcher ending the other ranks, which blames no node.
+_HPCDDP_ABORT = re.compile(r"hpcddp: rank \d+ of \d+ on \S+: [^\n]*aborting all ranks")
+
+
 def from_launcher(text: str) -> Optional[Dict[str, str]]:
-    """The node of the first process death the launcher reports in ``text``, with its
-    words; None where it reports none, or where its first report is an exit."""
+    """The node of the first process death the launcher reports in ``text`` before any
+    abort of hpcddp's, with its words; None where it reports none, or where its first
+    report is an exit."""
+    cut = _HPCDDP_ABORT.search(text)
+    if cut:
+        text = text[:cut.start()]
     first = None
     for pattern in _LAUNCHER_LINES:
         match = pattern.search(text)
@@ -113,11 +124,12 @@ def from_reports(reports: Iterable[dict]) -> Optional[Dict[str, str]]:
 
 
 def lost_nodes(reports_folder=None, log_text: str = "") -> List[Dict[str, str]]:
-    """The nodes to leave out, each with why: the launcher's first death, else the
-    watchdog's silent node."""
-    seen = from_launcher(log_text) if log_text else None
-    if seen is None and reports_folder is not None:
-        seen = from_reports(_reports(reports_folder))
+    """The nodes to leave out, each with why: the watchdog's silent node, else the
+    launcher's first death (a dead node's ranks are silent too, so the two agree where
+    both speak; after the watchdog's abort the launcher kills healthy ranks)."""
+    seen = from_reports(_reports(reports_folder)) if reports_folder is not None else None
+    if seen is None and log_text:
+        seen = from_launcher(log_text)
     return [seen] if seen else []
 
 

@@ -27,6 +27,12 @@ DEATHS = {
 # A rank that exits (hpcddp's abort, a Python error) blames no node, though the launcher
 # then kills the others and says so.
 EXITS = {
+    "intel hydra after hpcddp's abort": (
+        "hpcddp: rank 0 of 4 on n1: a wait cannot complete; aborting all ranks\n"
+        "[rank 0] No rank on node n2 (ranks 2,3) answered\n"
+        "Abort(1) on node 0 (rank 0 in comm 480): application called MPI_Abort(hpcddp."
+        "watchdog, 1) - process 0\n=====\n=   BAD TERMINATION OF ONE OF YOUR APPLICATION "
+        "PROCESSES\n=   RANK 1 PID 15524 RUNNING AT n1\n=   KILLED BY SIGNAL: 9 (Killed)\n"),
     "srun": "srun: error: n1: task 0: Exited with exit code 1\nsrun: error: n2: tasks 2-3: "
             "Killed\n",
     "mpich hydra": "=   PID 4242 RUNNING AT n1\n=   EXIT CODE: 1\n",
@@ -72,6 +78,16 @@ def test_reports_that_name_no_silent_node_name_none():
 def _lost(*args):
     return subprocess.run([sys.executable, "-m", "hpcddp", "lost", *args],
                           capture_output=True, text=True, timeout=60)
+
+
+def test_the_watchdogs_verdict_comes_before_what_the_launcher_did_after_it(tmp_path):
+    """Intel MPI's hydra, after hpcddp's watchdog aborted the job over a silent node, says
+    it killed a rank on the healthy node: the reports name the silent one."""
+    (tmp_path / "hpcddp-report-rank0.json").write_text(json.dumps(_wait(0, "n1", ["n2"])))
+    log = tmp_path / "job.out"
+    log.write_text(EXITS["intel hydra after hpcddp's abort"].replace("=====", "srun: error: n1: tasks 0-1: Killed\n"))
+    done = _lost("--reports", str(tmp_path), "--log", str(log))
+    assert (done.returncode, done.stdout) == (0, "n2\n"), done.stderr
 
 
 def test_the_command_prints_the_node_or_exits_3(tmp_path):
