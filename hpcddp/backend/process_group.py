@@ -36,7 +36,7 @@ from hpcddp.transport.layout import (
     check_parts, counts_and_displs, in_place_chunk, overlaps, split_counts, unflatten_into,
     unstack_into)
 from hpcddp.transport.sparse import allreduce_sparse
-from hpcddp.backend.work import RecvWork, Work
+from hpcddp.backend.work import RecvWork, StatusRequest, Work
 
 __all__ = ["BACKEND", "MPIProcessGroup"]
 
@@ -69,16 +69,15 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
 
     def __init__(self, comm, cuda_aware: bool = False, owns_comm: bool = False,
                  reduction: str = "mpi", timeout: Optional[float] = None,
-                 device_reductions: Optional[bool] = None):
+                 device_reductions: bool = True):
         super().__init__(comm.rank, comm.size)
         self.timeout = timeout  # seconds every Work waits at most, as gloo's; None: none
         self._hpcddp_name = self._hpcddp_desc = ""
         self.comm = comm
         self.cuda_aware = cuda_aware
         activity.channel_for(comm, "process group")
-        self.transport = Transport(
-            comm, cuda_aware, reduction=reduction,
-            device_reductions=cuda_aware if device_reductions is None else device_reductions)
+        self.transport = Transport(comm, cuda_aware, reduction=reduction,
+                                   device_reductions=device_reductions)
         self._where = f"{comm.Get_name()} (rank {comm.rank} of {comm.size})"
         self._owns_comm = owns_comm
         self._tag_ub = None
@@ -379,7 +378,7 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
         status = mpi_call(MPI.Status)  # even a Status is made with MPI calls
 
         def issue(b):
-            return _StatusRequest(self.comm.Irecv(b.buf, source=MPI.ANY_SOURCE, tag=tag), status)
+            return StatusRequest(self.comm.Irecv(b.buf, source=MPI.ANY_SOURCE, tag=tag), status)
         transfer = self._submit(_label("receive from any rank", tensors[0]),
                                 [writes(tensors[0])], issue, call=None)
         transfer.then(lambda: setattr(transfer, "result", status.Get_source()))
@@ -408,16 +407,3 @@ class MPIProcessGroup(dist.ProcessGroup, lifetime.Closable):
 
 def _label(what, tensor):
     return f"{what} of {tensor.numel()} {str(tensor.dtype)[6:]} {list(tensor.shape)}"
-
-
-class _StatusRequest:
-    """A request whose ``Test``/``Wait`` fill in a status (the sender of a receive)."""
-
-    def __init__(self, request, status):
-        self._request, self._status = request, status
-
-    def Test(self):  # noqa: N802 - mpi4py's names
-        return self._request.Test(self._status)
-
-    def Wait(self):  # noqa: N802
-        return self._request.Wait(self._status)

@@ -31,7 +31,7 @@ from hpcddp.comm.progress import background, on_progress_thread
 from hpcddp.comm.threads import helper_threads_allowed
 from hpcddp.transport import Transfer
 
-__all__ = ["RecvWork", "Work", "deferred_futures", "settle"]
+__all__ = ["RecvWork", "StatusRequest", "Work", "deferred_futures", "settle"]
 
 _local = threading.local()  # .collect: a list while a hook runs; .settling: a bool
 
@@ -166,3 +166,16 @@ class RecvWork(Work):
     def _source_rank(self):
         self.wait()
         return self._transfers[0].result
+
+
+class StatusRequest:
+    """A request whose ``Test``/``Wait`` fill in a status (the sender of a receive)."""
+
+    def __init__(self, request, status):
+        self._request, self._status = request, status
+
+    def Test(self):  # noqa: N802 - mpi4py's names
+        return self._request.Test(self._status)
+
+    def Wait(self):  # noqa: N802
+        return self._request.Wait(self._status)
