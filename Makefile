@@ -130,13 +130,19 @@ test-mpi-%: .venv-%/.hpcddp-installed
 # makes every MPI call (hpcddp/comm/owner.py).
 # CI runs the MPI suites at 2 ranks (CI's time; `make test` runs them at 2 and 3 at
 # MULTIPLE); `make test-serialized SERIALIZED_RANKS="2 3"` adds 3 (about 4 minutes).
+# Of the whole-job tests, those where the thread level changes what hpcddp does: how a
+# failing or stuck job ends (below MULTIPLE an abort cannot enter MPI beside a stuck MPI
+# thread, so the rank ends itself and its launcher ends the rest) and preemption's
+# signals; the others take the same paths at both levels (the MPI thread makes every
+# call), and `make test-serialized SERIALIZED_JOBS=tests/jobs` runs them all (8 minutes).
 SERIALIZED := MPI4PY_RC_THREAD_LEVEL=serialized
 SERIALIZED_RANKS ?= 2
+SERIALIZED_JOBS ?= tests/jobs/test_preemption.py
 test-serialized: venv
 	for n in $(SERIALIZED_RANKS); do \
 	  $(SERIALIZED) $(MPI_TIMEOUT) $(MPIEXEC) -n $$n $(PY) -m pytest -p hpcddp.testing tests/mpi \
 	    || exit 1; done
-	$(SERIALIZED) $(PYTEST) -n 2 --dist loadfile tests/jobs $(addprefix --ignore=,$(TIMED_JOBS))
+	$(SERIALIZED) $(PYTEST) -n 2 --dist loadfile $(SERIALIZED_JOBS) $(addprefix --ignore=,$(TIMED_JOBS))
 	$(SERIALIZED) $(PYTEST) $(TIMED_JOBS)
 
 # An emulated cluster (network namespaces on a bridge, one per node; root only) for trying

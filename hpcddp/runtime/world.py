@@ -8,12 +8,12 @@ import importlib.util
 import os
 import socket
 import warnings
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import torch
 from mpi4py import MPI
 
-from hpcddp.comm import activity
+from hpcddp.comm import activity, backoff
 from hpcddp.comm.agree import decide_on_root
 from hpcddp.comm.cuda_aware import detect_cuda_aware
 from hpcddp.comm.lifetime import Closable, free_comm
@@ -29,8 +29,9 @@ from hpcddp.transport import policy
 __all__ = ["World", "device_index", "device_self_test"]
 
 
-def _cpus_for_rank(local_comm) -> int:
-    """Cores this rank may use: its affinity mask shared among the local ranks it overlaps.
+def _cpus_for_rank(local_comm) -> Tuple[int, bool]:
+    """Cores this rank may use: its affinity mask shared among the local ranks it overlaps;
+    and whether those ranks outnumber its cores (an oversubscribed node).
 
     Launchers differ: mpiexec gives every rank the whole node, srun with binding gives
     each its own cores, and torch's default thread count follows neither (measured: 1
@@ -39,7 +40,7 @@ def _cpus_for_rank(local_comm) -> int:
     mine = set(os.sched_getaffinity(0))
     masks = local_comm.allgather(sorted(mine))
     sharing = sum(1 for mask in masks if mine.intersection(mask))
-    return max(1, len(mine) // max(1, sharing))
+    return max(1, len(mine) // max(1, sharing)), sharing > len(mine)
 
 
 def _check_threads(comm, asked: int) -> int:
@@ -129,6 +130,8 @@ class World(Closable):
         is_main: true on rank 0, the rank that prints and writes.
         launcher: the launcher that started this process, as text.
         num_threads: torch's intra-op thread count on this rank.
+        oversubscribed: more ranks share this rank's cores than there are; hpcddp's waits
+            for MPI then pause (sleep) from the first poll instead of spinning first.
         thread_level: MPI's thread level ("multiple", ...).
         timeout: seconds an hpcddp wait may last before the job ends (0: no limit).
         watchdog: the ``hpcddp.comm.watchdog.Watchdog`` that enforces it.
@@ -156,7 +159,8 @@ class World(Closable):
         self.hostname = socket.gethostname()
         self.launcher = detect_launcher().describe()
         self.device = _bind_device(self.local_comm)
-        cores = _cpus_for_rank(self.local_comm)
+        cores, self.oversubscribed = _cpus_for_rank(self.local_comm)
+        backoff.give_way(self.oversubscribed)  # no wait spins where ranks outnumber cores
         self.num_threads, self.threads_reason = choose_threads(
             _check_threads(self.comm, get_setting("NUM_THREADS")), os.environ,
             torch.get_num_threads(), torch_default(), cores)

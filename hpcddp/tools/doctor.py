@@ -50,6 +50,7 @@ def rank_report(world) -> Dict[str, object]:
         "host": world.hostname, "rank": world.rank, "local_rank": world.local_rank,
         "node_rank": world.node_rank, "device": str(world.device),
         "threads": world.num_threads, "threads_reason": world.threads_reason,
+        "oversubscribed": world.oversubscribed,
         "mpi_library": _mpi_library(), "network_module": mpich_network_module(),
         "rdma_devices": _rdma_devices(),
         "mpi_standard": "%d.%d" % MPI.Get_version(), "launcher": world.launcher,
@@ -172,6 +173,11 @@ def _print_table(reports, out):
         decided.setdefault(report["threads_reason"], []).append(rank)
     for reason, ranks in decided.items():
         print(f"\ntorch threads: {reason} (ranks {ranks_text(ranks)})", file=out)
+    crowded = [rank for rank, report in enumerate(reports) if report["oversubscribed"]]
+    if crowded:
+        print(f"oversubscribed: ranks {ranks_text(crowded)} share fewer cores than ranks; "
+              f"their waits for MPI sleep instead of spinning (one rank per core is faster)",
+              file=out)
 
 
 def main(argv=None) -> int:

@@ -236,6 +236,10 @@ def test_gradient_twice_in_one_backward_is_an_error_on_every_rank(world):
 
 def test_thousands_of_wrappers_created_and_closed(world):
     # Each wrapper duplicates two communicators; MPICH has a few thousand context ids.
+    if world.size > 2:
+        # The ids are counted per process, which 2 ranks show; 3 ranks on 2 cores make
+        # each collective Dup ten times dearer (over two minutes for the 6,000).
+        pytest.skip("context ids run out per process, which 2 ranks show: run at 2 ranks")
     from hpcddp.comm import lifetime
     before = lifetime.open_count()
     for _ in range(3000):

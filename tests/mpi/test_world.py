@@ -49,6 +49,13 @@ def test_device_and_threads(world):
     assert world.num_threads == max(1, cpus // world.local_size)
 
 
+def test_waits_give_way_where_ranks_outnumber_the_cores(world):
+    # Every rank here sees the node's whole affinity mask (mpiexec binds none).
+    from hpcddp.comm.backoff import giving_way
+    crowded = world.local_size > len(os.sched_getaffinity(0))
+    assert world.oversubscribed == crowded == giving_way()
+
+
 def test_init_is_idempotent(world):
     assert hpcddp.init() is world and hpcddp.get_world() is world
 

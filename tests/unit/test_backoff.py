@@ -2,6 +2,7 @@
 
 import time
 
+from hpcddp.comm import backoff as backoff_module
 from hpcddp.comm.backoff import Backoff, poll_until
 from hpcddp.transport.node_aware import _Slices
 
@@ -29,6 +30,22 @@ def test_backoff_spins_first_then_pauses_growing_to_the_cap(monkeypatch):
     assert len(slept) == 7, "after a reset the first polls run back to back again"
     backoff.pause(), backoff.pause(), backoff.pause(longest=3e-6)
     assert slept[-1] == 3e-6
+
+
+def test_giving_way_pauses_from_the_first_poll_of_every_wait(monkeypatch):
+    slept = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    monkeypatch.setattr(backoff_module, "_give_way", False)
+    backoff = Backoff(spins=3, first=1e-5, cap=1e-4)
+    backoff_module.give_way(True)
+    assert backoff_module.giving_way()
+    backoff.pause(), backoff.pause()
+    assert slept == [1e-5, 2e-5], "a wait begun before the node was found crowded gives way"
+    assert Backoff(spins=2000).next_pause() > 0
+    backoff_module.give_way(False)
+    backoff.reset()
+    backoff.pause()
+    assert len(slept) == 2 and Backoff(spins=2000).next_pause() == 0
 
 
 def test_poll_until_pauses_while_nothing_is_ready():
