@@ -148,6 +148,12 @@ _SETTINGS = {
         "bool", True,
         "hpcddp.init() initializes torch.distributed's default group on MPI unless one "
         "is already initialized."),
+    "YIELD": _Setting(
+        "tristate", None,
+        "Whether hpcddp's waits for MPI sleep from their first poll (1) or poll back to "
+        "back for a few milliseconds first (0). auto (unset): sleep where the ranks "
+        "sharing a rank's cores outnumber them (more ranks than cores; a container "
+        "limited by a CPU quota, not an affinity mask, needs 1)."),
 }
 
 

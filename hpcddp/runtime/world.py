@@ -132,6 +132,7 @@ class World(Closable):
         num_threads: torch's intra-op thread count on this rank.
         oversubscribed: more ranks share this rank's cores than there are; hpcddp's waits
             for MPI then pause (sleep) from the first poll instead of spinning first.
+        yields: whether they do (``oversubscribed``, unless ``HPCDDP_YIELD`` says).
         thread_level: MPI's thread level ("multiple", ...).
         timeout: seconds an hpcddp wait may last before the job ends (0: no limit).
         watchdog: the ``hpcddp.comm.watchdog.Watchdog`` that enforces it.
@@ -160,7 +161,9 @@ class World(Closable):
         self.launcher = detect_launcher().describe()
         self.device = _bind_device(self.local_comm)
         cores, self.oversubscribed = _cpus_for_rank(self.local_comm)
-        backoff.give_way(self.oversubscribed)  # no wait spins where ranks outnumber cores
+        forced = get_setting("YIELD")  # None: auto, no wait spins where ranks outnumber cores
+        self.yields = self.oversubscribed if forced is None else forced
+        backoff.give_way(self.yields)
         self.num_threads, self.threads_reason = choose_threads(
             _check_threads(self.comm, get_setting("NUM_THREADS")), os.environ,
             torch.get_num_threads(), torch_default(), cores)

@@ -50,7 +50,7 @@ def rank_report(world) -> Dict[str, object]:
         "host": world.hostname, "rank": world.rank, "local_rank": world.local_rank,
         "node_rank": world.node_rank, "device": str(world.device),
         "threads": world.num_threads, "threads_reason": world.threads_reason,
-        "oversubscribed": world.oversubscribed,
+        "oversubscribed": world.oversubscribed, "yields": world.yields,
         "mpi_library": _mpi_library(), "network_module": mpich_network_module(),
         "rdma_devices": _rdma_devices(),
         "mpi_standard": "%d.%d" % MPI.Get_version(), "launcher": world.launcher,
@@ -173,11 +173,27 @@ def _print_table(reports, out):
         decided.setdefault(report["threads_reason"], []).append(rank)
     for reason, ranks in decided.items():
         print(f"\ntorch threads: {reason} (ranks {ranks_text(ranks)})", file=out)
-    crowded = [rank for rank, report in enumerate(reports) if report["oversubscribed"]]
-    if crowded:
-        print(f"oversubscribed: ranks {ranks_text(crowded)} share fewer cores than ranks; "
-              f"their waits for MPI sleep instead of spinning (one rank per core is faster)",
-              file=out)
+    _print_yields(reports, out)
+
+
+def _print_yields(reports, out) -> None:
+    """Which ranks' waits for MPI sleep from their first poll, and why."""
+    said = {}
+    for rank, report in enumerate(reports):
+        crowded, yields = report["oversubscribed"], report["yields"]
+        if crowded and yields:
+            why = "more ranks than cores share them: their waits for MPI sleep from the " \
+                  "first poll (one rank per core is faster)"
+        elif yields:
+            why = "HPCDDP_YIELD=1: their waits for MPI sleep from the first poll"
+        elif crowded:
+            why = "more ranks than cores share them, but HPCDDP_YIELD=0 keeps their " \
+                  "waits for MPI spinning"
+        else:
+            continue
+        said.setdefault(why, []).append(rank)
+    for why, ranks in said.items():
+        print(f"ranks {ranks_text(ranks)}: {why}", file=out)
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,7 @@
 """A rank's torch threads under mpiexec, at each level of the order torch users expect:
 HPCDDP_NUM_THREADS, then OMP_NUM_THREADS, then torch.set_num_threads before init(), then
-hpcddp's default (2 ranks sharing this machine's cores)."""
+hpcddp's default (2 ranks sharing this machine's cores); and which ranks' waits for MPI
+give way, as hpcddp doctor says, with more ranks than cores and with HPCDDP_YIELD."""
 
 import json
 import os
@@ -41,3 +42,24 @@ def test_thread_count_follows_the_order(run_job, tmp_path, env, set_in_script, e
     for result in results:
         assert result["torch"] == result["world"] == expected, result
         assert result["why"].startswith(why), result
+
+
+@pytest.mark.parametrize("ranks, env, said", [
+    (CORES + 1, {}, "more ranks than cores share them: their waits for MPI sleep from the "
+                    "first poll"),
+    (2, {"HPCDDP_YIELD": "1"}, "HPCDDP_YIELD=1: their waits for MPI sleep from the first poll"),
+    (CORES + 1, {"HPCDDP_YIELD": "0"}, "more ranks than cores share them, but HPCDDP_YIELD=0 "
+                                       "keeps their waits for MPI spinning"),
+    (2, {}, None),
+], ids=["crowded", "forced", "refused", "a_core_each"])
+def test_doctor_says_which_ranks_waits_give_way(run_job, ranks, env, said):
+    if CORES > 3:
+        pytest.skip(f"needs more ranks than cores; this machine has {CORES} cores")
+    job = run_job(["-m", "hpcddp", "doctor", "--no-bandwidth"], n=ranks, timeout=90,
+                  env=dict({"HPCDDP_YIELD": None}, **env))
+    assert job.returncode == 0, job.output
+    if said is None:  # 2 ranks on 2 cores or more: nothing to say
+        assert "waits for MPI" not in job.stdout, job.output
+    else:
+        every = ",".join(map(str, range(ranks)))
+        assert f"ranks {every}: {said}" in job.stdout, job.output
