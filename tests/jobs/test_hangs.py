@@ -11,8 +11,10 @@ import os
 import re
 
 import pytest
-from jobs_util import launcher_kind
+from jobs_util import job_sizes, launcher_kind
 from reports import read_reports, the_report
+
+SIZES = job_sizes()  # 2 and 3 ranks; 2 under the other MPIs and at SERIALIZED
 
 TIMEOUT = 4.0      # HPCDDP_TIMEOUT of the jobs
 STALL = 2.0        # HPCDDP_STALL_WARN
@@ -49,7 +51,7 @@ def _failed_within(job, seconds):
     assert job.seconds < seconds, f"took {job.seconds:.1f} s"
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", SIZES)
 def test_healthy_job_ends_cleanly(run_job, n, tmp_path):
     # The control: the watchdog and the leaving handshake end nothing that is well.
     job = _stuck(run_job, "healthy", n, tmp_path)
@@ -59,7 +61,7 @@ def test_healthy_job_ends_cleanly(run_job, n, tmp_path):
     assert read_reports(tmp_path) == {}
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", SIZES)
 def test_uneven_inputs_that_end_name_the_rank_and_suggest_join(run_job, n, tmp_path):
     job = _stuck(run_job, "uneven_exit", n, tmp_path)
     _failed_within(job, QUICK)
@@ -72,7 +74,7 @@ def test_uneven_inputs_that_end_name_the_rank_and_suggest_join(run_job, n, tmp_p
     assert "model.join()" in report["fix"]
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", SIZES)
 def test_uneven_inputs_then_a_barrier_end_at_the_timeout(run_job, n, tmp_path):
     job = _stuck(run_job, "uneven_barrier", n, tmp_path)
     _failed_within(job, TIMEOUT + MARGIN)
@@ -89,7 +91,7 @@ def test_uneven_inputs_then_a_barrier_end_at_the_timeout(run_job, n, tmp_path):
     assert _left_behind(job) == [], job.output  # the abort left nothing in /dev/shm
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", SIZES)
 def test_rank_in_user_code_is_named_with_its_stack(run_job, n, tmp_path):
     job = _stuck(run_job, "sleep", n, tmp_path)
     _failed_within(job, TIMEOUT + MARGIN)
@@ -104,7 +106,7 @@ def test_rank_in_user_code_is_named_with_its_stack(run_job, n, tmp_path):
     assert report["uneven"] == [] and report["fix"] is None
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", SIZES)
 def test_mismatched_collectives_are_named(run_job, n, tmp_path):
     job = _stuck(run_job, "mismatch", n, tmp_path)
     _failed_within(job, TIMEOUT + MARGIN)
@@ -132,7 +134,7 @@ def test_mismatch_check_raises_on_every_rank_at_once(run_job, tmp_path):
 
 
 @pytest.mark.parametrize("code", [3, 0])
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", SIZES)
 def test_rank_that_exits_mid_training_ends_the_job(run_job, n, code, tmp_path):
     job = _stuck(run_job, f"exit{code}", n, tmp_path)
     _failed_within(job, QUICK)
@@ -142,7 +144,7 @@ def test_rank_that_exits_mid_training_ends_the_job(run_job, n, code, tmp_path):
     assert report["ranks"]["1"] == {"state": "left"}
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", SIZES)
 def test_rank_killed_mid_step_ends_the_job(run_job, n, tmp_path):
     # The launcher sees the death and ends the job; no rank can speak after SIGKILL, so
     # the message is the launcher's, naming the process.
@@ -154,7 +156,7 @@ def test_rank_killed_mid_step_ends_the_job(run_job, n, tmp_path):
     assert _left_behind(job) == [], job.output
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", SIZES)
 def test_rank_stuck_in_a_dataloader_worker_is_named(run_job, n, tmp_path):
     job = _stuck(run_job, "loader_worker", n, tmp_path)
     _failed_within(job, TIMEOUT + MARGIN)

