@@ -200,7 +200,7 @@ test-cluster-mpi-%: .venv-%/.hpcddp-installed
 	  status=$$?; $(PY) -m tools.testbed down --name hdtest; exit $$status
 
 # The slow target: h5py built against Debian's parallel HDF5 and MPICH, in its own venv
-# (never mixed with the mpich wheel), for the loader's 'mpio' backend. About 6-7 minutes
+# (never mixed with the mpich wheel), for the loader's 'mpio' backend. About 4 minutes
 # the first time; pip's wheel cache makes later runs quick.
 PHDF5_VENV  := .venv-phdf5
 PHDF5_PY    := $(PHDF5_VENV)/bin/python
