@@ -164,9 +164,9 @@ cluster: venv
 cluster-down: venv
 	$(PY) -m tools.testbed down
 
-# A slow target (CI runs it): torch's own distributed test suite on hpcddp, against gloo
-# on the same ranks (tests/torch_suite), at 3 ranks (about 2.5 minutes) for CI's time;
-# `make test-torch-suite TORCH_SUITE_RANKS=2,3` adds 2 (about 2 minutes more).
+# A slow target: torch's own distributed test suite on hpcddp, against gloo on the same
+# ranks (tests/torch_suite), at 3 ranks (about 2.5 minutes); `make test-torch-suite
+# TORCH_SUITE_RANKS=2,3` adds 2 (about 2 minutes more). CI runs it at 8 ranks (below).
 TORCH_SUITE_RANKS ?= 3
 test-torch-suite: venv
 	HPCDDP_TORCH_SUITE_RANKS=$(TORCH_SUITE_RANKS) $(PYTEST) -s tests/torch_suite
@@ -182,9 +182,10 @@ test-torch-suite-8: venv
 # runs 2 x 2, the node-aware reduction; the ring's own tests run at 2 and 3 ranks in
 # `make test`), the any-source check at MPI_THREAD_SINGLE (it runs at MULTIPLE) and the
 # stuck rank and the link down at SERIALIZED (the soak's short version runs both kinds
-# there); `make test-cluster CLUSTER_K=` runs them too.
+# there), and the plain 2-node Slurm job (the healing tests' uninterrupted job is one);
+# `make test-cluster CLUSTER_K=` runs them too.
 CLUSTER_K ?= not ring_suite and not (mpi_suite and 3x1) and not (any_source and single) and \
-             not ((stuck_rank or link_down_mid) and serialized)
+             not ((stuck_rank or link_down_mid) and serialized) and not two_node_job_trains
 test-cluster: venv
 	$(PYTEST) tests/cluster $(if $(CLUSTER_K),-k "$(CLUSTER_K)"); status=$$?; \
 	  $(PY) -m tools.testbed down --name hdtest; \

@@ -58,15 +58,21 @@ EPOCHS = ["--epochs", "20"]
 
 @pytest.fixture(scope="module")
 def uninterrupted(slurm_nodes, tmp_path_factory):
-    """What the script's 2 x 2 job of 20 epochs ends with when nothing interrupts it."""
+    """What the script's 2 x 2 job of 20 epochs ends with when nothing interrupts it; it
+    trains across the two nodes as test_two_node_job_trains_across_nodes says."""
     folder = tmp_path_factory.mktemp("uninterrupted")
     log = folder / "train.out"
     job = slurm_nodes.sbatch(*NODES, "--chdir", ROOT, "--output", log,
                              ROOT / "slurm" / "train.sbatch", "--run-dir", folder / "run",
                              *EPOCHS, env=dict(ENV, HPCDDP_HEAL_DIR=str(folder / "heal")))
     assert slurm_nodes.wait(job, timeout=400)["JobState"] == "COMPLETED", read_log(log)[-3000:]
-    result = _final(read_log(log))
-    assert result[0] is not None and result[1] is not None, read_log(log)[-3000:]
+    text = read_log(log)
+    result = _final(text)
+    assert result[0] is not None and result[1] is not None, text[-3000:]
+    (size, accuracy), _ = result
+    assert size == 4 and accuracy >= 0.95, text[-2000:]
+    assert LAUNCH in text, text[-3000:]
+    assert re.search(r"^world_size=4 .* nodes=2$", text, re.M), text[-3000:]
     return result
 
 
