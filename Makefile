@@ -183,12 +183,15 @@ test-torch-suite-8: venv
 # `make test`), the any-source check at MPI_THREAD_SINGLE (it runs at MULTIPLE) and the
 # stuck rank and the link down at SERIALIZED (the soak's short version runs both kinds
 # there), and the plain 2-node Slurm job (the healing tests' uninterrupted job is one);
+# of the healing tests it runs each mode once and each fault once: a spare after the
+# ranks are killed, a successor after a fabric link fails.
 # `make test-cluster CLUSTER_K=` runs them too.
 CLUSTER_K ?= not ring_suite and not (mpi_suite and 3x1) and not (any_source and single) and \
-             not ((stuck_rank or link_down_mid) and serialized) and not two_node_job_trains
+             not ((stuck_rank or link_down_mid) and serialized) and not two_node_job_trains \
+             and not without_a_spare_a_successor and not (fabric_link_down and spare)
 test-cluster: venv
 	$(PYTEST) tests/cluster $(if $(CLUSTER_K),-k "$(CLUSTER_K)"); status=$$?; \
-	  $(PY) -m tools.testbed down --name hdtest; \
+	  $(PY) -m tools.testbed down --name hdtest; $(PY) -m tools.testbed down --name hdfab; \
 	  $(PY) -m tools.testbed down --name hdsoak; exit $$status
 
 # A slow target (CI runs it): the cross-node suites under Open MPI's and Intel MPI's own

@@ -6,8 +6,31 @@ import time
 
 from jobs_util import (Finished, ROOT, clean_env, communicate_or_kill, mpi_flavour, mpiexec,
                        run_command)
+from train_output import read_log
 
-__all__ = ["ROOT", "on_nodes", "start_on_nodes", "wait_for_line", "finish"]
+__all__ = ["ROOT", "on_nodes", "start_on_nodes", "wait_for_line", "finish", "SLURM_ENV",
+           "SLURM_LAUNCH", "SLURM_NODES", "SLURM_EPOCHS", "wait_for_log"]
+
+# slurm/train.sbatch's jobs on the emulated Slurm. The ranks' traffic crosses the links,
+# not shared memory (see docs/many-nodes.md): UCX (MPICH) or libfabric (Intel MPI) over
+# TCP; Open MPI's TCP BTL has only the node's link.
+SLURM_ENV = {"PYTHON": sys.executable, "UCX_TLS": "tcp,self",
+             **({"FI_PROVIDER": "tcp"} if mpi_flavour() == "impi" else {})}
+# How the script starts each MPI's ranks on two nodes, chosen by itself from the wheel:
+# hydra for the mpich wheel (srun --mpi=pmi2 fails now and then), else srun.
+SLURM_LAUNCH = {"mpich": "4 ranks, mpiexec in the allocation",
+                "openmpi": "4 ranks, srun --mpi=pmix",
+                "impi": "4 ranks, srun --mpi=pmi2"}[mpi_flavour()]
+SLURM_NODES = ["--nodes=2", "--ntasks-per-node=2"]
+SLURM_EPOCHS = ["--epochs", "20"]
+
+
+def wait_for_log(log, words, seconds=240):
+    """Wait until the job's log ``log`` holds ``words``."""
+    deadline = time.monotonic() + seconds
+    while words not in read_log(log):
+        assert time.monotonic() < deadline, read_log(log)[-2000:]
+        time.sleep(0.2)
 
 
 def _command(cluster, argv, ranks_per_node, nodes):

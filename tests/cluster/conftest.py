@@ -1,12 +1,19 @@
 """An emulated cluster of three nodes (network namespaces, ``tools.testbed``) for the
-tests in this folder, or a skip that says why. It is removed at the end of the session,
-also when a test fails; ``make test-cluster`` removes it again should pytest be killed."""
+tests in this folder, or a skip that says why, and a second one with a fabric beside its
+management network for the tests that fail only the fabric. Each is removed at the end
+of the session, also when a test fails; ``make test-cluster`` removes them again should
+pytest be killed."""
+
+import re
 
 import pytest
 
+from cluster_util import ROOT, SLURM_ENV, SLURM_EPOCHS, SLURM_LAUNCH, SLURM_NODES
 from tools.testbed import EmulatedCluster, SlurmCluster, Unavailable
+from train_output import final_result, read_log
 
 NAME = "hdtest"  # also in the Makefile's test-cluster target
+FABRIC_NAME = "hdfab"  # the same
 
 
 @pytest.fixture(scope="session")
@@ -39,3 +46,50 @@ def slurm_nodes(cluster):
         pytest.skip(f"no Slurm on the emulated cluster: {why}")
     yield slurm
     slurm.stop()
+
+
+@pytest.fixture(scope="session")
+def fabric_cluster():
+    """Three nodes with two networks: the management one (hostnames, Slurm, the
+    launchers) and a fabric (``eth1``) that carries MPI."""
+    try:
+        built = EmulatedCluster.up(nodes=3, name=FABRIC_NAME, fabric=True)
+    except Unavailable as why:
+        pytest.skip(f"no emulated cluster here: {why}")
+    try:
+        yield built
+    finally:
+        built.down()
+
+
+@pytest.fixture(scope="session")
+def fabric_slurm(fabric_cluster):
+    """A real Slurm on the fabric cluster, its daemons on the management network."""
+    try:
+        slurm = SlurmCluster.start(cpus=2, nodes=fabric_cluster)
+    except Unavailable as why:
+        pytest.skip(f"no Slurm on the emulated cluster: {why}")
+    yield slurm
+    slurm.stop()
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(slurm_nodes, tmp_path_factory):
+    """What slurm/train.sbatch's 2 x 2 job of 20 epochs ends with when nothing
+    interrupts it (size and accuracy, parameters' digest); it trains across two nodes,
+    4 ranks started the MPI's way, to the demo's accuracy."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    log = folder / "train.out"
+    job = slurm_nodes.sbatch(*SLURM_NODES, "--chdir", ROOT, "--output", log,
+                             ROOT / "slurm" / "train.sbatch", "--run-dir", folder / "run",
+                             *SLURM_EPOCHS, env=dict(SLURM_ENV,
+                                                     HPCDDP_HEAL_DIR=str(folder / "heal")))
+    assert slurm_nodes.wait(job, timeout=400)["JobState"] == "COMPLETED", read_log(log)[-3000:]
+    text = read_log(log)
+    result = final_result(text)
+    assert result[0] is not None and result[1] is not None, text[-3000:]
+    (size, accuracy), _ = result
+    assert size == 4 and accuracy >= 0.95, text[-2000:]
+    assert SLURM_LAUNCH in text, text[-3000:]
+    assert re.search(r"^world_size=4 .* nodes=2$", text, re.M), text[-3000:]
+    return result

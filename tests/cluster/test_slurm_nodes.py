@@ -14,29 +14,22 @@ import time
 
 import pytest
 
-from cluster_util import ROOT
+from cluster_util import (ROOT, SLURM_ENV, SLURM_EPOCHS, SLURM_LAUNCH, SLURM_NODES,
+                          wait_for_log)
 from jobs_util import mpi_flavour
 from train_output import final_result as _final, read_log
 
 FLAVOUR = mpi_flavour()
-# The ranks' traffic crosses the links, not shared memory (see docs/many-nodes.md): UCX
-# (MPICH) or libfabric (Intel MPI) over TCP; Open MPI's TCP BTL has only the node's link.
-ENV = {"PYTHON": sys.executable, "UCX_TLS": "tcp,self",
-       **({"FI_PROVIDER": "tcp"} if FLAVOUR == "impi" else {})}
-# How the script starts each MPI's ranks on two nodes, chosen by itself from the wheel:
-# hydra for the mpich wheel (srun --mpi=pmi2 fails now and then, below), else srun.
-LAUNCH = {"mpich": "4 ranks, mpiexec in the allocation", "openmpi": "4 ranks, srun --mpi=pmix",
-          "impi": "4 ranks, srun --mpi=pmi2"}[FLAVOUR]
-NODES = ["--nodes=2", "--ntasks-per-node=2"]
 
 
 @pytest.fixture
 def submit(slurm_nodes, tmp_path):
     def run(*args, log="train.out"):
         path = tmp_path / log
-        job = slurm_nodes.sbatch(*NODES, "--chdir", ROOT, "--output", path,
+        job = slurm_nodes.sbatch(*SLURM_NODES, "--chdir", ROOT, "--output", path,
                                  ROOT / "slurm" / "train.sbatch", *args,
-                                 env=dict(ENV, HPCDDP_HEAL_DIR=str(tmp_path / f"heal-{log}")))
+                                 env=dict(SLURM_ENV,
+                                          HPCDDP_HEAL_DIR=str(tmp_path / f"heal-{log}")))
         return job, path
     return run
 
@@ -49,36 +42,13 @@ def test_two_node_job_trains_across_nodes(slurm_nodes, submit, tmp_path):
     assert info["NodeList"] == "hdtest-n[1-2]", info
     (size, accuracy), _ = _final(text)
     assert size == 4 and accuracy >= 0.95, text[-2000:]
-    assert LAUNCH in text, text[-3000:]
+    assert SLURM_LAUNCH in text, text[-3000:]
     assert re.search(r"^world_size=4 .* nodes=2$", text, re.M), text[-3000:]
-
-
-EPOCHS = ["--epochs", "20"]
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(slurm_nodes, tmp_path_factory):
-    """What the script's 2 x 2 job of 20 epochs ends with when nothing interrupts it; it
-    trains across the two nodes as test_two_node_job_trains_across_nodes says."""
-    folder = tmp_path_factory.mktemp("uninterrupted")
-    log = folder / "train.out"
-    job = slurm_nodes.sbatch(*NODES, "--chdir", ROOT, "--output", log,
-                             ROOT / "slurm" / "train.sbatch", "--run-dir", folder / "run",
-                             *EPOCHS, env=dict(ENV, HPCDDP_HEAL_DIR=str(folder / "heal")))
-    assert slurm_nodes.wait(job, timeout=400)["JobState"] == "COMPLETED", read_log(log)[-3000:]
-    text = read_log(log)
-    result = _final(text)
-    assert result[0] is not None and result[1] is not None, text[-3000:]
-    (size, accuracy), _ = result
-    assert size == 4 and accuracy >= 0.95, text[-2000:]
-    assert LAUNCH in text, text[-3000:]
-    assert re.search(r"^world_size=4 .* nodes=2$", text, re.M), text[-3000:]
-    return result
 
 
 def test_preemption_requeues_once_and_resumes_identically(slurm_nodes, submit, tmp_path,
                                                           uninterrupted):
-    job, log = submit("--run-dir", tmp_path / "preempted", *EPOCHS, log="preempted.out")
+    job, log = submit("--run-dir", tmp_path / "preempted", *SLURM_EPOCHS, log="preempted.out")
     deadline = time.monotonic() + 240
     while "epoch 3:" not in read_log(log):
         assert time.monotonic() < deadline, read_log(log)[-2000:]
@@ -88,20 +58,13 @@ def test_preemption_requeues_once_and_resumes_identically(slurm_nodes, submit, t
     text = read_log(log)
     assert info["JobState"] == "COMPLETED", text[-3000:]
     assert info["Restarts"] == "1"
-    assert text.count(LAUNCH) == 2, text[-3000:]
+    assert text.count(SLURM_LAUNCH) == 2, text[-3000:]
     for rank in range(4):  # ranks 2 and 3 sit on the other node
         assert f"rank {rank}: preemption requested" in text, text[-3000:]
     assert text.count("hpcddp: preempted; requeueing Slurm job") == 1
     assert re.search(r"resumed from .* \(Slurm restart 1\): continuing at epoch", text)
 
     assert _final(text) == uninterrupted
-
-
-def _wait_for(log, words, seconds=240):
-    deadline = time.monotonic() + seconds
-    while words not in read_log(log):
-        assert time.monotonic() < deadline, read_log(log)[-2000:]
-        time.sleep(0.2)
 
 
 def test_a_node_whose_ranks_die_is_left_out_and_a_spare_takes_over(slurm_nodes, cluster,
@@ -113,10 +76,10 @@ def test_a_node_whose_ranks_die_is_left_out_and_a_spare_takes_over(slurm_nodes, 
     log = tmp_path / "healed.out"
     job = slurm_nodes.sbatch("--nodes=3", "--ntasks-per-node=2", "--chdir", ROOT,
                              "--output", log, ROOT / "slurm" / "train.sbatch",
-                             "--run-dir", tmp_path / "run", *EPOCHS,
-                             env=dict(ENV, HPCDDP_SPARE_NODES="1",
+                             "--run-dir", tmp_path / "run", *SLURM_EPOCHS,
+                             env=dict(SLURM_ENV, HPCDDP_SPARE_NODES="1",
                                       HPCDDP_HEAL_DIR=str(tmp_path / "heal")))
-    _wait_for(log, "epoch 3:")
+    wait_for_log(log, "epoch 3:")
     victim = cluster.nodes[1]
     assert cluster.kill_node(victim, launcher_too=False), f"no process found in {victim}"
     info = slurm_nodes.wait(job, timeout=600)
@@ -143,10 +106,11 @@ def test_without_a_spare_a_successor_goes_on_without_the_node(slurm_nodes, clust
     which resumes from the checkpoint on the other two nodes and ends as the
     uninterrupted job does, in the same log."""
     log = tmp_path / "successor.out"
-    job = slurm_nodes.sbatch(*NODES, "--chdir", ROOT, "--output", log,
+    job = slurm_nodes.sbatch(*SLURM_NODES, "--chdir", ROOT, "--output", log,
                              ROOT / "slurm" / "train.sbatch", "--run-dir", tmp_path / "run",
-                             *EPOCHS, env=dict(ENV, HPCDDP_HEAL_DIR=str(tmp_path / "heal")))
-    _wait_for(log, "epoch 3:")
+                             *SLURM_EPOCHS,
+                             env=dict(SLURM_ENV, HPCDDP_HEAL_DIR=str(tmp_path / "heal")))
+    wait_for_log(log, "epoch 3:")
     victim = cluster.nodes[1]
     assert cluster.kill_node(victim, launcher_too=False), f"no process found in {victim}"
     assert slurm_nodes.wait(job, timeout=180)["JobState"] == "FAILED", read_log(log)[-3000:]
@@ -167,7 +131,7 @@ def test_srun_without_pmi_is_refused_on_every_task(slurm_nodes, tmp_path):
     log = tmp_path / "none.out"
     job = slurm_nodes.sbatch("-N", "2", "-n", "4", "--chdir", ROOT, "--output", log, "--wrap",
                              f"srun --mpi=none -N 2 -n 4 {sys.executable} "
-                             f"tests/jobs/scripts/show_world.py", env=ENV)
+                             f"tests/jobs/scripts/show_world.py", env=SLURM_ENV)
     info = slurm_nodes.wait(job, timeout=180)
     text = read_log(log)
     assert info["JobState"] == "FAILED", text
@@ -185,7 +149,7 @@ def test_slurm_pmi1_reads_a_request_in_one_1024_byte_read(slurm_nodes, tmp_path)
     log = tmp_path / "pmi1.out"
     job = slurm_nodes.sbatch("-N", "1", "-n", "1", "--output", log, "--wrap",
                              f"srun --mpi=pmi2 -n 1 {sys.executable} "
-                             f"{ROOT / 'tests/cluster/scripts/pmi1_lines.py'}", env=ENV)
+                             f"{ROOT / 'tests/cluster/scripts/pmi1_lines.py'}", env=SLURM_ENV)
     info = slurm_nodes.wait(job, timeout=120)
     text = read_log(log)
     assert info["JobState"] == "COMPLETED", text
@@ -230,7 +194,7 @@ def test_two_node_srun_pmi2_jobs_start_with_the_ofi_netmod_and_more_modules(slur
     step = f"srun --mpi=pmi2 -N 2 -n 4 {sys.executable} {tmp_path / 'start.py'}"
     job = slurm_nodes.sbatch("-N", "2", "-n", "4", "--output", log, "--wrap",
                              " && ".join([step] * 5),
-                             env=dict(ENV, MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER="tcp"))
+                             env=dict(SLURM_ENV, MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER="tcp"))
     info = slurm_nodes.wait(job, timeout=300)
     text = read_log(log)
     assert info["JobState"] == "COMPLETED", text[-3000:]

@@ -36,6 +36,43 @@ def test_bad_node_count():
         EmulatedCluster.up(nodes=0, name="x")
 
 
+def _state(fabric):
+    """A cluster's state as ``up`` writes it (nothing is built: only its arguments and
+    settings are asked for)."""
+    return {"name": "x", "nodes": ["x-n1", "x-n2"], "addresses": ["10.1.0.1", "10.1.0.2"],
+            "bridge": "xbr", "bridge_address": "10.1.0.254", "prefix": 24, "rate": None,
+            "fabric": {"bridge": "xfb", "bridge_address": "10.2.0.254", "prefix": 24,
+                       "addresses": ["10.2.0.1", "10.2.0.2"]} if fabric else None}
+
+
+@pytest.mark.parametrize("flavour,expected", [
+    ("mpich", {"UCX_NET_DEVICES": "eth1", "FI_TCP_IFACE": "eth1"}),
+    ("impi", {"FI_TCP_IFACE": "eth1"}),
+    ("openmpi", {"OMPI_MCA_btl_tcp_if_include": "eth1"})])
+def test_with_a_fabric_every_mpi_is_told_to_carry_its_ranks_traffic_there(flavour, expected):
+    cluster = EmulatedCluster(_state(fabric=True))
+    assert cluster.fabric_settings(flavour) == expected
+    assert {k: v for k, v in cluster.env({}, flavour).items() if k in expected} == expected
+    args = cluster.mpiexec_args(2, flavour=flavour)
+    if flavour == "openmpi":  # its daemons call back on the management subnet
+        assert args[args.index("btl_tcp_if_include") + 1] == "eth1"
+        assert args[args.index("oob_tcp_if_include") + 1] == "10.1.0.0/24"
+    else:  # hydra calls back on the management bridge
+        assert args[args.index("-iface") + 1] == "xbr"
+        for name, value in expected.items():
+            assert args[args.index(name) - 1:args.index(name) + 2] == ["-genv", name, value]
+
+
+def test_without_a_fabric_mpi_keeps_the_one_network():
+    cluster = EmulatedCluster(_state(fabric=False))
+    assert cluster.fabric_settings("mpich") == {}
+    assert "UCX_NET_DEVICES" not in cluster.mpiexec_args(1)
+    args = cluster.mpiexec_args(1, flavour="openmpi")
+    assert args[args.index("btl_tcp_if_include") + 1] == "10.1.0.0/24"
+    with pytest.raises(ValueError, match="cluster 'x' has no fabric: build it with"):
+        cluster.set_fabric_link("x-n1", False)
+
+
 CHILD = textwrap.dedent("""
     import sys, time
     from hpcddp.comm.launcher_guard import end_launcher_later, launcher_ancestor

@@ -6,6 +6,7 @@ a network). Ranks are started on the nodes by the MPI's own launcher with the ar
 that `args` prints. From the repository's root:
 
     python -m tools.testbed up --nodes 2 --rate 1gbit
+    python -m tools.testbed up --nodes 3 --fabric     # MPI on a second network, eth1
     mpiexec $(python -m tools.testbed args --ranks-per-node 2) python train.py
     mpirun $(python -m tools.testbed args --ranks-per-node 2 --flavour openmpi) python train.py
     python -m tools.testbed down
@@ -33,6 +34,9 @@ def _parser():
     parser.add_argument("--nodes", type=int, default=2, help="nodes to build (up; default 2)")
     parser.add_argument("--rate", default=None,
                         help="every link's rate, e.g. 1gbit or 2.5gbit (up; default unshaped)")
+    parser.add_argument("--fabric", action="store_true",
+                        help="a second network for MPI's traffic, apart from the management "
+                             "network that the hostnames (and Slurm) use (up)")
     parser.add_argument("--ranks-per-node", type=int, default=1,
                         help="ranks mpiexec places on each node (args; default 1)")
     parser.add_argument("--flavour", choices=("mpich", "openmpi", "impi"), default="mpich",
@@ -45,11 +49,14 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.action == "up":
-            cluster = EmulatedCluster.up(nodes=args.nodes, rate=args.rate, name=args.name)
+            cluster = EmulatedCluster.up(nodes=args.nodes, rate=args.rate, name=args.name,
+                                         fabric=args.fabric)
             nodes = ", ".join(f"{n} ({a})" for n, a in zip(cluster.nodes, cluster.addresses))
             print(f"emulated cluster {cluster.name!r} is up: {nodes}; links "
                   f"{cluster.rate or 'unshaped'}; bridge {cluster.bridge} "
-                  f"({cluster.bridge_address})\nstart ranks on it with:\n  mpiexec "
+                  f"({cluster.bridge_address})"
+                  + (f"; fabric {cluster.fabric['bridge']} on eth1"
+                     if cluster.fabric else "") + "\nstart ranks on it with:\n  mpiexec "
                   f"$({PROG} args --name {cluster.name} --ranks-per-node 1) "
                   f"python train.py\ntake it down with: {PROG} down --name {cluster.name}")
         elif args.action == "down":

@@ -1,9 +1,11 @@
-"""The network of an emulated cluster: namespaces, veth pairs, one bridge, shaped links.
+"""The network of an emulated cluster: namespaces, veth pairs, bridges, shaped links.
 
 Each node is a network namespace joined to a bridge by a veth pair; its side of the pair
-is ``eth0``. The bridge holds the only address in the root namespace, and no node has a
-route beyond the bridge's subnet, so nothing a node sends leaves the machine. Standard
-library only: this drives ``ip`` and ``tc`` (iproute2).
+is ``eth0``. A second bridge (a fabric beside the management network) joins each node's
+``eth1`` the same way (``add_interface``). A bridge holds the only address of its subnet
+in the root namespace, and no node has a route beyond its bridges' subnets, so nothing a
+node sends leaves the machine. Standard library only: this drives ``ip`` and ``tc``
+(iproute2).
 """
 
 import ipaddress
@@ -16,7 +18,8 @@ import time
 import zlib
 from typing import List, Optional, Sequence
 
-__all__ = ["NetworkError", "check_can_build", "choose_subnet", "add_node", "add_bridge",
+__all__ = ["NetworkError", "check_can_build", "choose_subnet", "add_node", "add_interface",
+           "add_bridge",
            "remove_node", "remove_bridge", "shape", "set_link", "node_pids", "kill_node",
            "namespace_exists", "link_exists", "parse_rate"]
 
@@ -61,13 +64,15 @@ def _subnets_in_use() -> List[ipaddress.IPv4Network]:
     return nets
 
 
-def choose_subnet(name: str) -> ipaddress.IPv4Network:
-    """A /24 in 10.200.0.0/13 derived from the cluster's name, overlapping nothing here.
+def choose_subnet(name: str, avoid: Sequence[ipaddress.IPv4Network] = ()
+                  ) -> ipaddress.IPv4Network:
+    """A /24 in 10.200.0.0/13 derived from the cluster's name, overlapping nothing here
+    nor ``avoid`` (subnets chosen but not yet given to a bridge).
 
     The name decides it, so ``python -m tools.testbed down`` finds the same one; a clash with an
     address or route of this machine moves to the next /24.
     """
-    used = _subnets_in_use()
+    used = _subnets_in_use() + list(avoid)
     start = zlib.crc32(name.encode()) % 2048
     for step in range(2048):
         index = (start + step) % 2048
@@ -95,14 +100,22 @@ def add_node(node: str, host_if: str, bridge: str, address: str) -> None:
     Only the subnet's own route exists inside: no default route, no NAT.
     """
     _run("ip", "netns", "add", node)
+    _run("ip", "-n", node, "link", "set", "lo", "up")
+    add_interface(node, host_if, bridge, address, "eth0")
+
+
+def add_interface(node: str, host_if: str, bridge: str, address: str,
+                  device: str = "eth1") -> None:
+    """Give namespace ``node`` an interface ``device`` (``address``, CIDR) on ``bridge``,
+    through a veth pair whose other end, ``host_if``, is the bridge's port; only the
+    subnet's own route comes with it."""
     peer = f"{host_if}p"
     _run("ip", "link", "add", host_if, "type", "veth", "peer", "name", peer)
     _run("ip", "link", "set", peer, "netns", node)
     inside = ("ip", "-n", node)
-    _run(*inside, "link", "set", peer, "name", "eth0")
-    _run(*inside, "addr", "add", address, "dev", "eth0")
-    _run(*inside, "link", "set", "lo", "up")
-    _run(*inside, "link", "set", "eth0", "up")
+    _run(*inside, "link", "set", peer, "name", device)
+    _run(*inside, "addr", "add", address, "dev", device)
+    _run(*inside, "link", "set", device, "up")
     _run("ip", "link", "set", host_if, "master", bridge)
     _run("ip", "link", "set", host_if, "up")
 
@@ -162,15 +175,16 @@ def parse_rate(rate: str) -> float:
     return float(match.group(1)) * _BITS[match.group(2)]
 
 
-def shape(node: str, host_if: str, rate: Optional[str]) -> None:
-    """Limit ``node``'s link to ``rate`` both ways (a token bucket on each end of the
-    veth pair), or take the limit off when ``rate`` is None.
+def shape(node: str, host_if: str, rate: Optional[str], device: str = "eth0") -> None:
+    """Limit ``node``'s link (its ``device``, whose pair's other end is ``host_if``) to
+    ``rate`` both ways (a token bucket on each end of the veth pair), or take the limit
+    off when ``rate`` is None.
 
     Both ends: a node that receives from several others is limited at its port as a
     switch would limit it, not only by each sender's own link.
     """
     ends = [("tc", "-n", node), ("tc",)]
-    devices = ["eth0", host_if]
+    devices = [device, host_if]
     for prefix, dev in zip(ends, devices):
         if rate is None:
             _run(*prefix, "qdisc", "del", "dev", dev, "root", check=False)

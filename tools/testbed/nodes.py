@@ -2,9 +2,13 @@
 
 ``EmulatedCluster.up(nodes=2, rate="1gbit")`` builds the nodes (``network``),
 gives each a hostname in ``/etc/hosts`` and writes the launcher shim that MPICH's
-``mpiexec`` uses in place of ssh. ``down()`` removes all of it, including processes still
-running inside the nodes; ``EmulatedCluster.down_by_name(name)`` does the same from
-another process (``python -m tools.testbed down``). Standard library only.
+``mpiexec`` uses in place of ssh. ``fabric=True`` adds a second network, as real
+clusters have: the hostnames (and so Slurm's daemons and the launchers' own traffic) stay
+on the management network, and MPI is told to carry the ranks' traffic on the fabric,
+whose links fail apart from the node (``set_fabric_link``). ``down()`` removes all of it,
+including processes still running inside the nodes; ``EmulatedCluster.down_by_name(name)``
+does the same from another process (``python -m tools.testbed down``). Standard library
+only.
 
 Example::
 
@@ -28,7 +32,7 @@ from typing import Dict, List, Optional, Sequence
 from tools.testbed import network
 from tools.testbed.errors import Unavailable
 
-__all__ = ["EmulatedCluster", "Unavailable", "STATE_ROOT", "FLAVOUR_VENVS"]
+__all__ = ["EmulatedCluster", "Unavailable", "STATE_ROOT", "FLAVOUR_VENVS", "FABRIC_DEVICE"]
 
 STATE_ROOT = Path("/run/hpcddp-emulated")
 _HOSTS = Path("/etc/hosts")
@@ -44,6 +48,8 @@ _NAME = re.compile(r"^[a-z][a-z0-9]{0,9}$")
 # is a shell line (``PRTE_PREFIX=...;export PRTE_PREFIX;...prted ...``), which the shell
 # runs behind the relay (``_RELAY``): ``prted`` outlives its ranks on a node cut off from
 # ``prterun``, and over ssh the local client, not the daemon, holds the launcher's output.
+# With a fabric, a mount namespace of its own shows the node's interfaces in /sys (UCX
+# lists network devices there; otherwise it sees the machine's, and not ``eth1``).
 _SHIM = """#!/bin/sh
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -54,9 +60,9 @@ while [ $# -gt 0 ]; do
 done
 host=$1; shift
 case "$*" in
-  *";"*) exec {relay} nsenter --net=/run/netns/"$host" unshare --uts \\
-           sh -c 'hostname "$0" && eval "$*"' "$host" "$@" ;;
-  *) exec nsenter --net=/run/netns/"$host" unshare --uts sh -c "hostname $host && exec $*" ;;
+  *";"*) exec {relay} nsenter --net=/run/netns/"$host" {unshare} \\
+           sh -c '{sysfs}hostname "$0" && eval "$*"' "$host" "$@" ;;
+  *) exec nsenter --net=/run/netns/"$host" {unshare} sh -c "{sysfs}hostname $host && exec $*" ;;
 esac
 """
 
@@ -83,6 +89,8 @@ sys.exit(code if code >= 0 else 128 - code)
 # What a launcher runs on a node besides the ranks: hydra's proxy (MPICH, Intel MPI);
 # Open MPI's daemon and the shim's shell that runs prte's line for it; Slurm's daemons.
 _LAUNCHER_PROXIES = ("hydra_pmi_proxy", "prted", "sh", "slurmstepd", "slurmd")
+# A node's interface on the fabric (its management one is eth0).
+FABRIC_DEVICE = "eth1"
 
 
 class EmulatedCluster:
@@ -94,6 +102,8 @@ class EmulatedCluster:
         addresses: each node's address on the bridge.
         bridge, bridge_address: the bridge and the root namespace's address on it.
         rate: the link rate every node was given (None: unshaped).
+        fabric: None, or the second network's ``bridge``, ``bridge_address``, ``prefix``
+            and each node's ``addresses`` (its ``eth1``).
         state_dir: where the state file and the launcher shim live.
     """
 
@@ -105,14 +115,17 @@ class EmulatedCluster:
         self.bridge_address: str = state["bridge_address"]
         self.rate: Optional[str] = state["rate"]
         self.prefix: int = state["prefix"]
+        self.fabric: Optional[Dict] = state.get("fabric")
         self.state_dir = STATE_ROOT / self.name
         self.shim = self.state_dir / "launch"
 
     # -- building and removing -------------------------------------------------------
 
     @classmethod
-    def up(cls, nodes: int = 2, rate: Optional[str] = None, name: str = "hpcddp"):
-        """Build a cluster of ``nodes`` nodes with links of ``rate`` (e.g. ``"1gbit"``).
+    def up(cls, nodes: int = 2, rate: Optional[str] = None, name: str = "hpcddp",
+           fabric: bool = False):
+        """Build a cluster of ``nodes`` nodes with links of ``rate`` (e.g. ``"1gbit"``),
+        and with ``fabric`` a second network for MPI (unshaped: the fabric is the fast one).
 
         A cluster of the same name left from an earlier run is removed first.
 
@@ -136,7 +149,13 @@ class EmulatedCluster:
         state = {"name": name, "nodes": [f"{name}-n{i}" for i in range(1, nodes + 1)],
                  "addresses": [str(hosts[i]) for i in range(nodes)],
                  "bridge": f"{name}br", "bridge_address": str(hosts[-1]),
-                 "prefix": subnet.prefixlen, "rate": rate}
+                 "prefix": subnet.prefixlen, "rate": rate, "fabric": None}
+        if fabric:
+            second = network.choose_subnet(f"{name}-fabric", avoid=[subnet])
+            more = list(second.hosts())
+            state["fabric"] = {"bridge": f"{name}fb", "bridge_address": str(more[-1]),
+                               "prefix": second.prefixlen,
+                               "addresses": [str(more[i]) for i in range(nodes)]}
         cluster = cls(state)
         cluster.state_dir.mkdir(parents=True, exist_ok=True)
         (cluster.state_dir / "state.json").write_text(json.dumps(state, indent=1))
@@ -153,9 +172,18 @@ class EmulatedCluster:
             network.add_node(node, self._host_if(index), self.bridge, f"{address}/{prefix}")
             if self.rate is not None:
                 network.shape(node, self._host_if(index), self.rate)
+        if self.fabric is not None:
+            fabric = self.fabric
+            network.add_bridge(fabric["bridge"],
+                               f"{fabric['bridge_address']}/{fabric['prefix']}")
+            for index, (node, address) in enumerate(zip(self.nodes, fabric["addresses"])):
+                network.add_interface(node, self._fabric_if(index), fabric["bridge"],
+                                      f"{address}/{fabric['prefix']}", FABRIC_DEVICE)
+        (self.state_dir / "cgroup").mkdir(exist_ok=True)
         relay = self.state_dir / "relay"
         relay.write_text(_RELAY.format(python=sys.executable))
-        self.shim.write_text(_SHIM.format(relay=relay))
+        self.shim.write_text(_SHIM.format(relay=relay, unshare=" ".join(self._unshare()),
+                                          sysfs=self._sysfs()))
         for script in (relay, self.shim):
             script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         _edit_hosts(self.name, list(zip(self.addresses, self.nodes)))
@@ -182,9 +210,10 @@ class EmulatedCluster:
             if re.fullmatch(rf"{re.escape(name)}-n\d+", node):
                 network.remove_node(node, f"{name}v{node.rsplit('n', 1)[1]}")
                 found = True
-        if network.link_exists(f"{name}br"):
-            network.remove_bridge(f"{name}br")
-            found = True
+        for bridge in (f"{name}br", f"{name}fb"):
+            if network.link_exists(bridge):
+                network.remove_bridge(bridge)
+                found = True
         return found
 
     def down(self) -> None:
@@ -192,7 +221,11 @@ class EmulatedCluster:
         and state. Safe to call twice and on a half-built cluster."""
         for index, node in enumerate(self.nodes):
             network.remove_node(node, self._host_if(index))
+            if self.fabric is not None and network.link_exists(self._fabric_if(index)):
+                network.remove_node(node, self._fabric_if(index))
         network.remove_bridge(self.bridge)
+        if self.fabric is not None:
+            network.remove_bridge(self.fabric["bridge"])
         _edit_hosts(self.name, [])
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
@@ -207,11 +240,26 @@ class EmulatedCluster:
     def _host_if(self, index: int) -> str:
         return f"{self.name}v{index + 1}"
 
+    def _fabric_if(self, index: int) -> str:
+        return f"{self.name}f{index + 1}"
+
     def node_command(self, node: str, argv: Sequence[str]) -> List[str]:
         """``argv`` run inside ``node`` (its network and its hostname)."""
         self._index(node)
-        return ["nsenter", f"--net=/run/netns/{node}", "unshare", "--uts", "sh", "-c",
-                f'hostname {node} && exec "$@"', "sh", *map(str, argv)]
+        return ["nsenter", f"--net=/run/netns/{node}", *self._unshare(), "sh", "-c",
+                f'{self._sysfs()}hostname {node} && exec "$@"', "sh", *map(str, argv)]
+
+    def _unshare(self) -> List[str]:
+        return ["unshare", "--uts"] + (["--mount"] if self.fabric is not None else [])
+
+    def _sysfs(self) -> str:
+        """The shell that shows the node's own interfaces in /sys, with the fabric: a fresh
+        sysfs, the machine's cgroup tree moved back under it (slurmd needs it)."""
+        if self.fabric is None:
+            return ""
+        hold = self.state_dir / "cgroup"
+        return (f"mount --rbind /sys/fs/cgroup {hold} && mount -t sysfs sysfs /sys && "
+                f"mount --move {hold} /sys/fs/cgroup && ")
 
     def mpiexec_args(self, ranks_per_node: int = 1, nodes: Optional[Sequence[str]] = None,
                      flavour: str = "mpich") -> List[str]:
@@ -233,11 +281,16 @@ class EmulatedCluster:
 
         Checked on a link's byte counters: a 4 MiB allreduce on 2 x 2 ranks moved 8.5 MB
         (Intel MPI) and 12.8 MB (Open MPI, its daemons' messages included) through it.
+
+        With a fabric the launcher still calls back on the management network, and the
+        ranks' traffic between nodes goes on the fabric (``fabric_settings``).
         """
         chosen = nodes or self.nodes
+        fabric = self.fabric_settings(flavour)
         if flavour == "openmpi":
             subnet = str(ipaddress.ip_network(f"{self.bridge_address}/{self.prefix}",
                                               strict=False))
+            data = fabric.get("OMPI_MCA_btl_tcp_if_include", subnet)
             return ["--prtemca", "plm_ssh_agent", str(self.shim),
                     "--prtemca", "oob_tcp_if_include", subnet,
                     "--host", ",".join(f"{node}:{ranks_per_node}" for node in chosen),
@@ -246,17 +299,31 @@ class EmulatedCluster:
                     # every node's first rank would be bound to the machine's first core:
                     # the emulated nodes share this machine's cores
                     "--bind-to", "none",
-                    "--mca", "btl", "tcp,sm,self", "--mca", "btl_tcp_if_include", subnet]
+                    "--mca", "btl", "tcp,sm,self", "--mca", "btl_tcp_if_include", data]
         hosts = ",".join(f"{node}:{ranks_per_node}" for node in chosen)
         if flavour == "impi":  # without -n it starts a rank per core on each host
             return ["-bootstrap", "ssh", "-bootstrap-exec", str(self.shim), "-iface",
                     self.bridge, "-n", str(ranks_per_node * len(chosen)), "-ppn",
                     str(ranks_per_node), "-hosts", ",".join(chosen), "-genv", "FI_PROVIDER", "tcp",
-                    "-genv", "I_MPI_PIN", "0"]  # unpinned, as Open MPI's (above)
+                    "-genv", "I_MPI_PIN", "0",  # unpinned, as Open MPI's (above)
+                    *[a for item in fabric.items() for a in ("-genv", *item)]]
         if flavour != "mpich":
             raise ValueError(f"flavour={flavour!r}: use mpich, impi or openmpi")
         return ["-launcher", "ssh", "-launcher-exec", str(self.shim), "-iface", self.bridge,
-                "-hosts", hosts, "-genv", "UCX_TLS", "tcp,self"]
+                "-hosts", hosts, "-genv", "UCX_TLS", "tcp,self",
+                *[a for item in fabric.items() for a in ("-genv", *item)]]
+
+    def fabric_settings(self, flavour: str = "mpich") -> Dict[str, str]:
+        """The variables that put ``flavour``'s traffic between ranks on the fabric: UCX's
+        and libfabric's device (MPICH's two network modules, Intel MPI's libfabric), Open
+        MPI's TCP BTL's interface; empty without a fabric."""
+        if self.fabric is None:
+            return {}
+        if flavour == "openmpi":
+            return {"OMPI_MCA_btl_tcp_if_include": FABRIC_DEVICE}
+        if flavour == "impi":
+            return {"FI_TCP_IFACE": FABRIC_DEVICE}
+        return {"UCX_NET_DEVICES": FABRIC_DEVICE, "FI_TCP_IFACE": FABRIC_DEVICE}
 
     def launch(self, python: str, ranks_per_node: int = 1,
                nodes: Optional[Sequence[str]] = None, flavour: str = "mpich") -> List[str]:
@@ -268,9 +335,11 @@ class EmulatedCluster:
 
     def env(self, base: Optional[Dict[str, str]] = None,
             flavour: str = "mpich") -> Dict[str, str]:
-        """The environment for ``mpiexec``: ``base`` (os.environ) with UCX on TCP; for
-        Open MPI's ``mpirun`` also the two variables that let it run as root."""
-        env = dict(os.environ if base is None else base, UCX_TLS="tcp,self")
+        """The environment for ``mpiexec``: ``base`` (os.environ) with UCX on TCP (on the
+        fabric where there is one); for Open MPI's ``mpirun`` also the two variables that
+        let it run as root."""
+        env = dict(os.environ if base is None else base, UCX_TLS="tcp,self",
+                   **self.fabric_settings(flavour))
         if flavour == "openmpi":
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         return env
@@ -301,6 +370,17 @@ class EmulatedCluster:
     def shape(self, node: str, rate: Optional[str]) -> None:
         """Give ``node``'s link ``rate`` (e.g. ``"100kbit"``: a crawl), None: unshaped."""
         network.shape(node, self._host_if(self._index(node)), rate)
+
+    def set_fabric_link(self, node: str, up: bool) -> None:
+        """Take ``node``'s fabric link down (its management link, and so its slurmd, stay
+        up), or bring it up again."""
+        if self.fabric is None:
+            raise ValueError(f"cluster {self.name!r} has no fabric: build it with "
+                             f"EmulatedCluster.up(..., fabric=True)")
+        index = self._index(node)
+        network.set_link(self._fabric_if(index), up, self.nodes[index])
+        if up:
+            network.flush_neighbours(self.fabric["bridge"])
 
 
 def _run_out(*args: str) -> str:
