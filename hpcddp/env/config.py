@@ -213,7 +213,7 @@ def get_setting(name: str, environ: Optional[Mapping[str, str]] = None):
 # Read by hpcddp's test suite and scripts (slurm/train.sbatch: the launcher, spares and
 # healing), or set by the library for its own processes.
 _ELSEWHERE = ("TEST_GPU", "TEST_EXIT_S", "SRUN_MPI", "LAUNCHER", "SPARE_NODES", "MAX_RESTARTS",
-              "HEAL", "HEAL_DIR", "LOADER_WORKER")
+              "MIN_NODES", "HEAL", "HEAL_DIR", "LOADER_WORKER")
 
 # Set in the environment of ShardedLoader's worker processes (hpcddp.data.workers).
 LOADER_WORKER_VARIABLE = "HPCDDP_LOADER_WORKER"

@@ -4,6 +4,7 @@ management network for the tests that fail only the fabric. Each is removed at t
 of the session, also when a test fails; ``make test-cluster`` removes them again should
 pytest be killed."""
 
+import os
 import re
 
 import pytest
@@ -18,8 +19,12 @@ FABRIC_NAME = "hdfab"  # the same
 
 @pytest.fixture(scope="session")
 def cluster():
+    """Three nodes, unshaped; ``make test-cluster-8`` asks for more, and for slower links
+    (``HPCDDP_TEST_CLUSTER_NODES``, ``HPCDDP_TEST_CLUSTER_RATE``)."""
+    nodes = int(os.environ.get("HPCDDP_TEST_CLUSTER_NODES", "3"))
+    rate = os.environ.get("HPCDDP_TEST_CLUSTER_RATE") or None
     try:
-        built = EmulatedCluster.up(nodes=3, name=NAME)
+        built = EmulatedCluster.up(nodes=nodes, rate=rate, name=NAME)
     except Unavailable as why:
         pytest.skip(f"no emulated cluster here: {why}")
     try:

@@ -4,6 +4,7 @@ global batch, torch's DDP and collectives on gloo, DataLoader with DistributedSa
 torch.load of the checkpoint file), with the reduction hpcddp chooses (node-aware on two
 nodes x two ranks, MPI's on three nodes x one) and with hpcddp's ring."""
 
+import os
 import re
 
 import pytest
@@ -21,7 +22,9 @@ SUITE = ["tests/mpi/test_world.py", "tests/mpi/test_nodes.py",
          "tests/mpi/test_timeline.py"]
 RING_SUITE = ["tests/mpi/test_ring.py", "tests/mpi/test_ddp_vs_single.py",
               "tests/mpi/test_process_group.py"]
-LAYOUTS = {"2x2": (2, 2), "3x1": (3, 1)}  # nodes x ranks per node
+# nodes x ranks per node; make test-cluster-8 sets HPCDDP_TEST_CLUSTER_LAYOUTS=8x1,4x2
+LAYOUTS = {name: tuple(map(int, name.split("x"))) for name in
+           os.environ.get("HPCDDP_TEST_CLUSTER_LAYOUTS", "2x2,3x1").split(",")}
 # MPICH 5 with UCX over TCP (UCX_TLS=tcp,self) loses a receive from MPI_ANY_SOURCE when
 # ranks sit on three nodes or more: scripts/any_source.py (one thread, no hpcddp) stops
 # within a few iterations at every thread level, single included, with or without
@@ -37,7 +40,8 @@ def _pytest_job(cluster, layout, files, env=None):
     skip = ["--deselect", ANY_SOURCE_TEST] if nodes >= 3 and MPICH_UCX else []
     job = on_nodes(cluster, ["-m", "pytest", "-p", "hpcddp.testing", "-p", "no:cacheprovider",
                              *skip, *files], ranks_per_node=per_node,
-                   nodes=cluster.nodes[:nodes], env=env, timeout=600)
+                   nodes=cluster.nodes[:nodes], env=env,
+                   timeout=max(600, 150 * nodes * per_node))  # 8 ranks share 2 cores
     assert not job.timed_out, job.output[-4000:]
     assert job.returncode == 0, job.output[-6000:]
     assert f"({nodes} node(s))" in job.stdout, job.stdout[-2000:]

@@ -142,7 +142,8 @@ def test_fault_ends_the_job_then_a_rerun_resumes(healthy, uninterrupted, tmp_pat
 
 @pytest.mark.parametrize("level", ["multiple", "serialized"])
 def test_watchdog_names_the_stuck_rank_and_its_node(cluster, level, tmp_path):
-    # rank 1, alone on the second node, sleeps in user code while the others wait.
+    # rank 1, alone on the second node, sleeps in user code while the others wait (one
+    # rank on each node: 3, or 8 under make test-cluster-8).
     job = on_nodes(cluster, ["tests/jobs/scripts/stuck.py", "sleep"], ranks_per_node=1,
                    nodes=cluster.nodes, timeout=120,
                    env={"HPCDDP_TIMEOUT": "4", "HPCDDP_STALL_WARN": "2",
@@ -153,7 +154,8 @@ def test_watchdog_names_the_stuck_rank_and_its_node(cluster, level, tmp_path):
     assert report["ranks"]["1"]["state"] == "user code"
     assert "time.sleep(10_000)" in report["ranks"]["1"]["stack"]  # fetched across the link
     assert report["silent_nodes"] == []  # its node answered
-    assert f"hpcddp: rank {report['rank']} of 3 on {report['host']}: " in job.stderr
+    assert f"hpcddp: rank {report['rank']} of {len(cluster.nodes)} on {report['host']}: " \
+        in job.stderr
 
 
 @pytest.mark.parametrize("level", ["multiple", "serialized"])

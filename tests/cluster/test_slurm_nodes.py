@@ -7,6 +7,7 @@ Why MPICH 5 (the `mpich` wheel) under `srun --mpi=pmi2` fails in MPI_Init now an
 more than one node, and the two ways round it: the script's mpiexec, or the OFI netmod."""
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -125,6 +126,62 @@ def test_without_a_spare_a_successor_goes_on_without_the_node(slurm_nodes, clust
     assert f"hpcddp: lost node {victim}: the launcher: " in text
     assert re.search(r"resumed from .*: continuing at epoch [1-9]", text), text[-3000:]
     assert _final(text) == uninterrupted
+
+
+def test_a_successor_may_go_on_with_fewer_nodes(slurm_nodes, cluster, tmp_path):
+    """Three nodes, no spare, HPCDDP_MIN_NODES=2: the ranks of the second die while its
+    slurmd lives; the successor Slurm starts on the two nodes left resumes at 4 ranks where
+    the job had 6, and ends with the parameters of the same checkpoint resumed on those
+    two nodes by a job that no fault touched."""
+    log, run = tmp_path / "smaller.out", tmp_path / "run"
+    epochs = ["--epochs", "12"]
+    job = slurm_nodes.sbatch("--nodes=3", "--ntasks-per-node=2", "--chdir", ROOT,
+                             "--output", log, ROOT / "slurm" / "train.sbatch", "--run-dir",
+                             run, *epochs, env=dict(SLURM_ENV, HPCDDP_MIN_NODES="2",
+                                                    HPCDDP_HEAL_DIR=str(tmp_path / "heal")))
+    wait_for_log(log, "epoch 3:")
+    victim = cluster.nodes[1]
+    assert cluster.kill_node(victim, launcher_too=False), f"no process found in {victim}"
+    assert slurm_nodes.wait(job, timeout=180)["JobState"] == "FAILED", read_log(log)[-3000:]
+    # The checkpoints the job left (its last may be published while it ends): the
+    # successor resumes from the newest, and saves none of its own for an epoch, seconds
+    # after it starts.
+    shutil.copytree(run, tmp_path / "reference")
+    found = re.search(r"submitted job (\d+) to go on without "
+                      rf"{victim}, from the last checkpoint, once this one ends \(2 to 3 "
+                      r"nodes\)", read_log(log))
+    assert found, read_log(log)[-3000:]
+    info = slurm_nodes.wait(int(found.group(1)), timeout=600)
+    text = read_log(log)
+    assert info["JobState"] == "COMPLETED", text[-4000:]
+    assert info["NodeList"] == f"{cluster.name}-n[1,3]", info
+    assert re.search(r"^world_size=6 .* nodes=3$", text, re.M), text[-3000:]
+    assert re.search(r"^world_size=4 .* nodes=2$", text, re.M), text[-3000:]
+    resumed = re.findall(r"resumed from (\S+): continuing at epoch ([1-9])", text)
+    assert len(resumed) == 1, text[-3000:]
+    # The reference starts from that same checkpoint (any newer one copied is the
+    # successor's own, taken with its first epoch).
+    kept = tmp_path / "reference" / "checkpoints"
+    name = os.path.basename(resumed[0][0])
+    for newer in kept.glob("step-*"):
+        if newer.name > name:
+            shutil.rmtree(newer)
+    (kept / "latest").write_text(name + "\n")
+
+    reference_log = tmp_path / "reference.out"
+    job = slurm_nodes.sbatch(*SLURM_NODES, f"--exclude={victim}", "--chdir", ROOT,
+                             "--output", reference_log, ROOT / "slurm" / "train.sbatch",
+                             "--run-dir", tmp_path / "reference", *epochs,
+                             env=dict(SLURM_ENV, HPCDDP_HEAL_DIR=str(tmp_path / "heal-ref")))
+    assert slurm_nodes.wait(job, timeout=400)["JobState"] == "COMPLETED", \
+        read_log(reference_log)[-3000:]
+    reference = read_log(reference_log)
+    again = re.findall(r"resumed from (\S+): continuing at epoch ([1-9])", reference)
+    assert [(os.path.basename(p), e) for p, e in again] == \
+        [(os.path.basename(p), e) for p, e in resumed], reference[-3000:]
+    result = _final(text)
+    assert result == _final(reference)
+    assert result[0][0] == 4 and result[0][1] >= 0.95, text[-2000:]
 
 
 def test_srun_without_pmi_is_refused_on_every_task(slurm_nodes, tmp_path):

