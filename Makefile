@@ -197,11 +197,11 @@ test-cluster: venv
 # Not in CI (about 40 minutes here): the cross-node suites (DDP against single-process
 # training, the node-aware reduction and the ring, the loader, checkpoints) on 8 emulated
 # nodes x 1 rank and 4 x 2, links at 500 Mbit/s, and the watchdog naming a stuck rank
-# among 8 nodes. HPCDDP_YIELD=1: the emulated nodes share this machine's 2 cores, which
-# no rank's affinity mask shows, so every wait must give way.
+# among 8 nodes. The emulated nodes share this machine's 2 cores: hpcddp finds that (the
+# same boot id), and every wait gives way.
 test-cluster-8: venv
 	HPCDDP_TEST_CLUSTER_NODES=8 HPCDDP_TEST_CLUSTER_RATE=500mbit \
-	  HPCDDP_TEST_CLUSTER_LAYOUTS=8x1,4x2 HPCDDP_YIELD=1 \
+	  HPCDDP_TEST_CLUSTER_LAYOUTS=8x1,4x2 \
 	  $(PYTEST) tests/cluster -k "mpi_suite or ring_suite or (stuck_rank and multiple)"; \
 	  status=$$?; $(PY) -m tools.testbed down --name hdtest; exit $$status
 

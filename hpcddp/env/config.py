@@ -152,8 +152,9 @@ _SETTINGS = {
         "tristate", None,
         "Whether hpcddp's waits for MPI sleep from their first poll (1) or poll back to "
         "back for a few milliseconds first (0). auto (unset): sleep where the ranks "
-        "sharing a rank's cores outnumber them (more ranks than cores; a container "
-        "limited by a CPU quota, not an affinity mask, needs 1)."),
+        "sharing a rank's cores outnumber them (more ranks than cores, counting every "
+        "node on the same kernel; a container limited by a CPU quota, not an affinity "
+        "mask, needs 1)."),
 }
 
 

@@ -29,9 +29,21 @@ from hpcddp.transport import policy
 __all__ = ["World", "device_index", "device_self_test"]
 
 
-def _cpus_for_rank(local_comm) -> Tuple[int, bool]:
+def _machine() -> str:
+    """This kernel's boot id: one for every node that is a container or a namespace of
+    the same machine (their hostnames differ, their cores are the same); the hostname
+    where the kernel does not say."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+def _cpus_for_rank(local_comm, comm) -> Tuple[int, bool]:
     """Cores this rank may use: its affinity mask shared among the local ranks it overlaps;
-    and whether those ranks outnumber its cores (an oversubscribed node).
+    and whether the ranks on this machine whose masks overlap it outnumber its cores (an
+    oversubscribed node, or nodes emulated on one machine).
 
     Launchers differ: mpiexec gives every rank the whole node, srun with binding gives
     each its own cores, and torch's default thread count follows neither (measured: 1
@@ -40,7 +52,10 @@ def _cpus_for_rank(local_comm) -> Tuple[int, bool]:
     mine = set(os.sched_getaffinity(0))
     masks = local_comm.allgather(sorted(mine))
     sharing = sum(1 for mask in masks if mine.intersection(mask))
-    return max(1, len(mine) // max(1, sharing)), sharing > len(mine)
+    here = _machine()
+    everyone = comm.allgather((here, sorted(mine)))
+    crowd = sum(1 for machine, mask in everyone if machine == here and mine.intersection(mask))
+    return max(1, len(mine) // max(1, sharing)), crowd > len(mine)
 
 
 def _check_threads(comm, asked: int) -> int:
@@ -130,7 +145,8 @@ class World(Closable):
         is_main: true on rank 0, the rank that prints and writes.
         launcher: the launcher that started this process, as text.
         num_threads: torch's intra-op thread count on this rank.
-        oversubscribed: more ranks share this rank's cores than there are; hpcddp's waits
+        oversubscribed: more ranks share this rank's cores than there are (counting the
+            ranks of every node on this machine: emulated nodes share it); hpcddp's waits
             for MPI then pause (sleep) from the first poll instead of spinning first.
         yields: whether they do (``oversubscribed``, unless ``HPCDDP_YIELD`` says).
         thread_level: MPI's thread level ("multiple", ...).
@@ -160,7 +176,7 @@ class World(Closable):
         self.hostname = socket.gethostname()
         self.launcher = detect_launcher().describe()
         self.device = _bind_device(self.local_comm)
-        cores, self.oversubscribed = _cpus_for_rank(self.local_comm)
+        cores, self.oversubscribed = _cpus_for_rank(self.local_comm, self.comm)
         forced = get_setting("YIELD")  # None: auto, no wait spins where ranks outnumber cores
         self.yields = self.oversubscribed if forced is None else forced
         backoff.give_way(self.yields)
