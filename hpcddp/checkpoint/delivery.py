@@ -65,10 +65,15 @@ class Delivered:
 
 
 def _populated_map(fd, size) -> mmap.mmap:
-    """A read-only map of ``fd`` with its pages mapped at once: sending 72 MiB through
-    MPI from a map that faults page by page costs about 20 ms more here."""
-    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-    return mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ)
+    """A private, writable map of ``fd`` with its pages mapped at once: sending 72 MiB
+    through MPI from a map that faults page by page costs about 20 ms more here.
+
+    Writable because MPI_Bcast's buffer is INOUT at the root too: MPICH's broadcast of a
+    large message to 8 ranks or more (scatter, then an allgather) writes the root's own
+    pieces back into it, and a read-only map ended rank 0 with SIGSEGV. Private, so such
+    writes (of the same bytes) copy the page and never reach the checkpoint's file."""
+    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
+    return mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
 
 
 def _memory_copy(size: int):

@@ -52,11 +52,16 @@ def test_checkpoint_crosses_to_each_node_once(world, folder):
     for key, value in fresh.module.state_dict().items():
         assert torch.equal(value, reference[key]), key
     # A node other than rank 0's received the bytes once: not once per rank on it, and
-    # the ranks of rank 0's node read rank 0's copy without any traffic.
+    # the ranks of rank 0's node read rank 0's copy without any traffic. From 8 nodes
+    # on, MPICH broadcasts a large message as a scatter, then an allgather around all of
+    # them: rank 0's node is sent its own pieces back (less than the whole), and a node
+    # may get up to half the bytes twice.
+    many = world.num_nodes >= 8
     if world.node_rank == 0:
-        assert received < size / 4, (received, size)
+        assert received < (size if many else size / 4), (received, size)
     else:
-        assert size <= received < 1.5 * size, (received, size, world.local_size)
+        assert size <= received < (2 if many else 1.5) * size, (received, size,
+                                                                 world.local_size)
 
 
 def test_node_numbering_follows_the_hosts(world):

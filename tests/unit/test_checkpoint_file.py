@@ -7,6 +7,7 @@ import json
 import os
 import zipfile
 
+import numpy as np
 import pytest
 import torch
 import xxhash
@@ -70,3 +71,20 @@ def test_a_removal_cut_short_by_a_crash_is_finished_by_the_next_save(tmp_path):
     assert all(".removing-" not in p for p in store.candidates(tmp_path))
     store.remove_stale_temporaries(tmp_path, saving=True)
     assert not left.exists() and os.path.exists(path)
+
+
+def test_the_map_rank_0_broadcasts_from_takes_mpis_writes_and_keeps_them_from_the_file(
+        tmp_path):
+    """MPI_Bcast's buffer is INOUT at the root: MPICH's broadcast to 8 ranks or more
+    writes the root's pieces back into it (a read-only map ended rank 0 with SIGSEGV
+    there). The map must take such writes, and the checkpoint's file must not see them."""
+    from hpcddp.checkpoint.delivery import _populated_map
+    path = tmp_path / "state.pt"
+    path.write_bytes(bytes(range(256)) * 64)
+    with open(path, "rb") as f:
+        mapped = _populated_map(f.fileno(), 256 * 64)
+    view = np.frombuffer(mapped, np.uint8)
+    assert view.flags.writeable
+    view[:256] = 7  # as MPI's allgather phase writes the root's buffer
+    assert bytes(mapped[:4]) == b"\x07" * 4
+    assert path.read_bytes() == bytes(range(256)) * 64
