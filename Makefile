@@ -194,7 +194,7 @@ test-cluster: venv
 	  $(PY) -m tools.testbed down --name hdtest; $(PY) -m tools.testbed down --name hdfab; \
 	  $(PY) -m tools.testbed down --name hdsoak; exit $$status
 
-# Not in CI (about 40 minutes here): the cross-node suites (DDP against single-process
+# Not in CI (about 9 minutes here): the cross-node suites (DDP against single-process
 # training, the node-aware reduction and the ring, the loader, checkpoints) on 8 emulated
 # nodes x 1 rank and 4 x 2, links at 500 Mbit/s, and the watchdog naming a stuck rank
 # among 8 nodes. The emulated nodes share this machine's 2 cores: hpcddp finds that (the
