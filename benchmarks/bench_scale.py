@@ -18,7 +18,7 @@ For each link rate, on a cluster of as many nodes as the largest layout:
   against the model's prediction from the fitted fabric, the layout, the step's compute
   with no communication (measured in the same job: an input, not a fit) and its buckets.
 
-Writes results/scale_model.json: the fitted fabric per rate, and per point the measured
+Writes results/scale_model.json (``--name``): the fitted fabric per rate, and per point the measured
 and predicted milliseconds and the error (predicted / measured - 1). Ranks use one torch
 thread; UCX_TLS=tcp,self sends everything through the links.
 """
@@ -104,6 +104,7 @@ def main():
     parser.add_argument("--rates", default="250mbit,500mbit")
     parser.add_argument("--layouts", default="2x1,4x1,2x2,8x1")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--name", default="scale_model", help="results/NAME.json")
     args = parser.parse_args()
     layouts = [tuple(int(n) for n in text.split("x")) for text in args.layouts.split(",")]
     runs = []
@@ -124,7 +125,7 @@ def main():
     errors = [abs(p["error"]) for run in runs for p in run["points"]]
     summary = {"points": len(errors), "within_15_percent": sum(e <= 0.15 for e in errors),
                "median_abs_error": statistics.median(errors), "max_abs_error": max(errors)}
-    out = HERE / "results" / "scale_model.json"
+    out = HERE / "results" / f"{args.name}.json"
     out.write_text(json.dumps({"benchmark": "the model of scale against the emulated cluster "
                                             "(tbf-shaped links)",
                                "summary": summary, "runs": runs}, indent=1) + "\n")
