@@ -17,20 +17,36 @@ NAME = "hdtest"  # also in the Makefile's test-cluster target
 FABRIC_NAME = "hdfab"  # the same
 
 
-@pytest.fixture(scope="session")
-def cluster():
-    """Three nodes, unshaped; ``make test-cluster-8`` asks for more, and for slower links
-    (``HPCDDP_TEST_CLUSTER_NODES``, ``HPCDDP_TEST_CLUSTER_RATE``)."""
-    nodes = int(os.environ.get("HPCDDP_TEST_CLUSTER_NODES", "3"))
-    rate = os.environ.get("HPCDDP_TEST_CLUSTER_RATE") or None
+def _emulated(**how):
+    """An emulated cluster built as ``how`` says, removed after use; a skip saying why
+    where none can be built."""
     try:
-        built = EmulatedCluster.up(nodes=nodes, rate=rate, name=NAME)
+        built = EmulatedCluster.up(**how)
     except Unavailable as why:
         pytest.skip(f"no emulated cluster here: {why}")
     try:
         yield built
     finally:
         built.down()
+
+
+def _slurm_on(cluster):
+    """A real Slurm on ``cluster``: slurmctld on its bridge, a slurmd in each node."""
+    try:
+        slurm = SlurmCluster.start(cpus=2, nodes=cluster)
+    except Unavailable as why:
+        pytest.skip(f"no Slurm on the emulated cluster: {why}")
+    yield slurm
+    slurm.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """Three nodes, unshaped; ``make test-cluster-8`` asks for more, and for slower links
+    (``HPCDDP_TEST_CLUSTER_NODES``, ``HPCDDP_TEST_CLUSTER_RATE``)."""
+    nodes = int(os.environ.get("HPCDDP_TEST_CLUSTER_NODES", "3"))
+    rate = os.environ.get("HPCDDP_TEST_CLUSTER_RATE") or None
+    yield from _emulated(nodes=nodes, rate=rate, name=NAME)
 
 
 @pytest.fixture
@@ -45,37 +61,20 @@ def healthy(cluster):
 @pytest.fixture(scope="session")
 def slurm_nodes(cluster):
     """A real Slurm on the emulated nodes: slurmctld on the bridge, a slurmd in each node."""
-    try:
-        slurm = SlurmCluster.start(cpus=2, nodes=cluster)
-    except Unavailable as why:
-        pytest.skip(f"no Slurm on the emulated cluster: {why}")
-    yield slurm
-    slurm.stop()
+    yield from _slurm_on(cluster)
 
 
 @pytest.fixture(scope="session")
 def fabric_cluster():
     """Three nodes with two networks: the management one (hostnames, Slurm, the
     launchers) and a fabric (``eth1``) that carries MPI."""
-    try:
-        built = EmulatedCluster.up(nodes=3, name=FABRIC_NAME, fabric=True)
-    except Unavailable as why:
-        pytest.skip(f"no emulated cluster here: {why}")
-    try:
-        yield built
-    finally:
-        built.down()
+    yield from _emulated(nodes=3, name=FABRIC_NAME, fabric=True)
 
 
 @pytest.fixture(scope="session")
 def fabric_slurm(fabric_cluster):
     """A real Slurm on the fabric cluster, its daemons on the management network."""
-    try:
-        slurm = SlurmCluster.start(cpus=2, nodes=fabric_cluster)
-    except Unavailable as why:
-        pytest.skip(f"no Slurm on the emulated cluster: {why}")
-    yield slurm
-    slurm.stop()
+    yield from _slurm_on(fabric_cluster)
 
 
 @pytest.fixture(scope="session")
