@@ -10,7 +10,8 @@ STAMP   := $(VENV)/.hpcddp-installed
 MPI_TIMEOUT := timeout -k 10 900
 PYTEST  := $(PY) -m pytest -q
 
-.PHONY: venv tools demo test test-unit test-mpi test-slurm test-serialized test-phdf5 \
+.PHONY: venv tools demo test test-unit test-mpi test-slurm test-more test-jobs-more \
+        test-mpi-more test-serialized test-phdf5 \
         test-cluster test-cluster-8 test-torch-suite test-torch-suite-8 test-mpis test-cluster-mpis cluster cluster-down cuda-mpi gpu-check gpu-rehearsal \
         docs clean
 
@@ -33,7 +34,12 @@ demo: venv
 	$(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m hpcddp doctor --max-bytes 1048576
 	$(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) examples/train_digits.py
 
+# `make test` is the everyday suite (about 10 minutes here); `make test-more` is the rest
+# of the one-machine suite, which CI runs after it: the whole jobs that time how a failing
+# job ends, the jobs with other frameworks and with preemption, the MPI suites at 3 and 4
+# ranks and the ring's at 3.
 test: test-unit test-mpi test-slurm
+test-more: test-jobs-more test-mpi-more
 
 # The docs site from docs/ (MkDocs, warnings as errors) into build/site; the API
 # reference comes from the docstrings, the settings table from hpcddp/env/config.py.
@@ -63,8 +69,16 @@ tools:
 # file to a worker: a module-scoped fixture that starts jobs runs once).
 TIMED_JOBS := tests/jobs/test_hangs.py tests/jobs/test_jobs.py \
               tests/jobs/test_child_processes.py tests/jobs/test_init_process_group.py
+# Of the others, the slowest go to `make test-more`: Hugging Face's Trainer, Lightning,
+# the examples (`make demo` runs the digits one), and preemption (also run at
+# `serialized` and under each MPI flavour).
+MORE_JOBS := tests/jobs/test_preemption.py tests/jobs/test_hf_trainer.py \
+             tests/jobs/test_lightning.py tests/jobs/test_examples.py
 test-unit: venv tools
-	$(PYTEST) -n 2 --dist loadfile tests/unit tests/jobs $(addprefix --ignore=,$(TIMED_JOBS))
+	$(PYTEST) -n 2 --dist loadfile tests/unit tests/jobs $(addprefix --ignore=,$(TIMED_JOBS) $(MORE_JOBS))
+
+test-jobs-more: venv tools
+	$(PYTEST) -n 2 --dist loadfile $(MORE_JOBS)
 	$(PYTEST) $(TIMED_JOBS)
 
 # A real single-node Slurm (munge, slurmctld, slurmd) started by the tests themselves; as
@@ -82,9 +96,11 @@ RING_TESTS := tests/mpi/test_ring.py tests/mpi/test_ddp_vs_single.py tests/mpi/t
 
 test-mpi: venv
 	$(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m pytest -p hpcddp.testing tests/mpi
+	HPCDDP_REDUCE=ring $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m pytest -p hpcddp.testing $(RING_TESTS)
+
+test-mpi-more: venv
 	$(MPI_TIMEOUT) $(MPIEXEC) -n 3 $(PY) -m pytest -p hpcddp.testing tests/mpi
 	$(MPI_TIMEOUT) $(MPIEXEC) -n 4 $(PY) -m pytest -p hpcddp.testing tests/mpi/parallel/test_tensor_parallel.py
-	HPCDDP_REDUCE=ring $(MPI_TIMEOUT) $(MPIEXEC) -n 2 $(PY) -m pytest -p hpcddp.testing $(RING_TESTS)
 	HPCDDP_REDUCE=ring $(MPI_TIMEOUT) $(MPIEXEC) -n 3 $(PY) -m pytest -p hpcddp.testing $(RING_TESTS)
 
 # A slow target (CI runs it): the MPI suite under Open MPI 5 and Intel MPI 2021 from PyPI

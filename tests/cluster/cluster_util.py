@@ -1,11 +1,13 @@
 """Starting MPI jobs on the emulated cluster and watching how they end."""
 
+import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 
-from jobs_util import (Finished, ROOT, clean_env, communicate_or_kill, mpi_flavour, mpiexec,
-                       run_command)
+from jobs_util import Finished, ROOT, clean_env, mpi_flavour, mpiexec, run_command
 from train_output import read_log
 
 __all__ = ["ROOT", "on_nodes", "start_on_nodes", "wait_for_line", "finish", "SLURM_ENV",
@@ -64,8 +66,27 @@ def wait_for_line(proc, prefix, timeout):
 
 
 def finish(proc, earlier, timeout):
-    """Wait for ``proc`` to end (killed with its process group after ``timeout``)."""
+    """Wait for ``proc`` to end (killed with its process group after ``timeout``). The
+    ``Finished`` also has ``timeline``: each line but the training's own ``step`` lines,
+    after the seconds from this call to its arrival, to tell where a slow end spent its
+    time."""
     start = time.monotonic()
-    out, _, timed_out = communicate_or_kill(proc, timeout)
-    return Finished(proc.returncode, "".join(earlier) + out, "", time.monotonic() - start,
-                    timed_out)
+    stamped = []
+
+    def read():
+        for line in proc.stdout:
+            stamped.append((time.monotonic() - start, line))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    timed_out = reader.is_alive()
+    if timed_out:
+        os.killpg(proc.pid, signal.SIGKILL)
+        reader.join()
+    proc.wait()
+    job = Finished(proc.returncode, "".join(earlier + [line for _, line in stamped]), "",
+                   time.monotonic() - start, timed_out)
+    job.timeline = "".join(f"{seconds:6.1f} s  {line}" for seconds, line in stamped
+                           if not line.startswith("step "))
+    return job

@@ -90,7 +90,8 @@ def test_fault_ends_the_job_then_a_rerun_resumes(healthy, uninterrupted, tmp_pat
     lost_daemon_exit_0 = (FLAVOUR == "openmpi" and fault == "node_lost"
                           and job.returncode == 0)
     assert job.returncode != 0 or lost_daemon_exit_0, job.output[-4000:]
-    assert took <= LIMIT, f"{fault}: ended {took:.0f} s after the fault\n{job.output[-4000:]}"
+    assert took <= LIMIT, (f"{fault}: ended {took:.0f} s after the fault; its lines, "
+                          f"seconds after it:\n{job.timeline[-4000:]}")
     assert _session_left(proc.pid) == [], job.output[-4000:]  # also when hpcddp ended it
     # The node and its ranks are named: by the launcher when the ranks died, by hpcddp's
     # watchdog when they live on behind a link that no longer carries them. A node lost
@@ -178,7 +179,9 @@ def test_a_link_down_mid_training_with_no_pause_is_named(healthy, tmp_path, leve
     job = finish(proc, seen, timeout=LIMIT + 60)
     took = time.monotonic() - faulted
     assert not job.timed_out, f"the job hung:\n{job.output[-4000:]}"
-    assert job.returncode != 0 and took <= LIMIT, f"{took:.0f} s\n{job.output[-4000:]}"
+    said = job.timeline[-4000:]
+    assert job.returncode != 0 and took <= LIMIT, \
+        f"rc {job.returncode}, {took:.0f} s; lines, seconds after the fault:\n{said}"
     report = the_report(reports, "wait", job.output)
     assert report["silent_nodes"] == [{"node": victim, "ranks": [2, 3]}], report
     assert "EXIT CODE: 11" not in job.output, job.output[-4000:]  # no rank died of SIGSEGV
