@@ -10,13 +10,25 @@ import time
 import pytest
 
 from tools.testbed import EmulatedCluster
-from tools.testbed.network import parse_rate
+from tools.testbed.network import parse_rate, tbf_burst
 
 
 @pytest.mark.parametrize("rate,bits", [("1gbit", 1e9), ("2.5gbit", 2.5e9), ("100mbit", 1e8),
                                        ("8kbit", 8e3), (" 1GBIT ", 1e9)])
 def test_rates(rate, bits):
     assert parse_rate(rate) == bits
+
+
+# tbf's bucket, by hand: a timer tick (1/250 s) of the rate, two 1514-byte frames, and
+# 256 KB capped at a quarter of a second of the rate.
+@pytest.mark.parametrize("rate,burst", [("8kbit", 3028),        # two frames: a crawl
+                                        ("1mbit", 31250),       # 1/4 s of 125,000 B/s
+                                        ("250mbit", 262144),    # 256 KB, as at every
+                                        ("500mbit", 262144),    # rate the benchmarks use
+                                        ("1gbit", 500000),      # a tick of 125 MB/s
+                                        ("2.5gbit", 1250000)])
+def test_a_crawling_link_has_no_fast_start_and_fast_links_keep_their_bucket(rate, burst):
+    assert tbf_burst(parse_rate(rate)) == burst
 
 
 @pytest.mark.parametrize("rate", ["1g", "fast", "1 gbit", "-1gbit", ""])

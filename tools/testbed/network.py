@@ -21,10 +21,12 @@ from typing import List, Optional, Sequence
 __all__ = ["NetworkError", "check_can_build", "choose_subnet", "add_node", "add_interface",
            "add_bridge",
            "remove_node", "remove_bridge", "shape", "set_link", "node_pids", "kill_node",
-           "namespace_exists", "link_exists", "parse_rate"]
+           "namespace_exists", "link_exists", "parse_rate", "tbf_burst"]
 
 # tbf holds at most this long a queue; the same as the settings measured in the issue.
 _TBF_LATENCY = "10ms"
+_TIMER_HZ = 250      # the kernel's timer ticks per second that tbf's bucket must cover
+_FRAME_BYTES = 1514  # an Ethernet frame of a 1500-byte MTU, the largest tbf must pass
 
 
 class NetworkError(RuntimeError):
@@ -189,11 +191,19 @@ def shape(node: str, host_if: str, rate: Optional[str], device: str = "eth0") ->
         if rate is None:
             _run(*prefix, "qdisc", "del", "dev", dev, "root", check=False)
             continue
-        bits = parse_rate(rate)
-        # The bucket must hold at least one timer tick's worth of bytes at this rate.
-        burst = max(256 * 1024, int(bits / 8 / 250))
         _run(*prefix, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
-             "burst", str(burst), "latency", _TBF_LATENCY)
+             "burst", str(tbf_burst(parse_rate(rate))), "latency", _TBF_LATENCY)
+
+
+def tbf_burst(bits: float) -> int:
+    """The bytes a link shaped to ``bits`` per second may send at full speed after an
+    idle spell (tbf's bucket): at least one timer tick's worth at that rate and two full
+    frames; 256 KB (a switch port's buffer) where a quarter of a second at the rate holds
+    that much, and less on a slower link. A link shaped to a crawl (8 kbit/s) given
+    256 KB would carry four minutes of its rate at full speed first, so training went on
+    for a few steps after the fault, by a different amount each time."""
+    tick = int(bits / 8 / _TIMER_HZ)
+    return max(tick, 2 * _FRAME_BYTES, min(256 * 1024, int(bits / 8 / 4)))
 
 
 def flush_neighbours(device: str) -> None:
