@@ -18,7 +18,9 @@ dashboard. The fields:
   (what each rank that has not arrived is doing: ``state`` is ``left``, ``silent``,
   ``not asked``, ``leaving``, ``waiting`` with its ``waits``, or ``user code`` with the
   ``last`` collective it entered and its ``stack``), ``silent_nodes`` (``node``,
-  ``ranks``: a node none of whose ranks answered), ``different_collectives`` (``rank``,
+  ``ranks``: a node none of whose ranks answered), ``slow_nodes`` (``node``, ``ranks``,
+  ``seconds``: a node all of whose ranks answered late while waiting, its link carrying
+  almost nothing; ``hpcddp.comm.verdict``), ``different_collectives`` (``rank``,
   ``call``, ``state``: ``waits``, or ``completed`` where the MPI matched the two),
   ``uneven`` (``rank``, ``model``, ``step``, ``this_step``, ``state``) and ``fix`` (what
   to change, where hpcddp knows).
@@ -124,6 +126,13 @@ def wait_report_text(fields: dict, reason: str, several_nodes: bool) -> str:
                   f"or its network link, has failed." for n in fields["silent_nodes"]]
         lines += [describe_rank(r, fields["ranks"][str(r)], several_nodes, stack=True)
                   for r in missing]
+    elif (fields["wait"].get("channel") and fields.get("reason") == "timeout"
+          and not fields["different_collectives"]):
+        lines.append("Every rank has reached this collective, and its data does not move "
+                     "between them.")
+    lines += [f"Node {n['node']} ({ranks_said(n['ranks'])}) answered only after "
+              f"{n['seconds']:g} s, waiting like this rank: that node's network link carries "
+              f"almost nothing." for n in fields.get("slow_nodes") or ()]
     if fields["different_collectives"]:
         lines.append(f"This rank waits in {wait['call']} as collective {wait['seq']}, but "
                      + "; ".join(different_said(fields["different_collectives"]))

@@ -34,6 +34,7 @@ from hpcddp.comm.abort import abort_job
 from hpcddp.comm.lifetime import Closable, free_comm
 from hpcddp.comm.report import describe_rank, different_said, ranks_said, wait_report_text
 from hpcddp.comm.topology import clone_comm
+from hpcddp.comm.verdict import silent_nodes, slow_nodes
 
 __all__ = ["Watchdog"]
 
@@ -72,6 +73,7 @@ class Watchdog(Closable):
         self._leaving = False
         self._leave_wait = None
         self._replies: Dict[int, dict] = {}
+        self._asked_at = 0.0
         self._sends: List["MPI.Request"] = []  # the main thread sends too (depart)
         self._sending = threading.Lock()
         self._stop = threading.Event()
@@ -165,7 +167,8 @@ class Watchdog(Closable):
             if tag == _QUERY:
                 self._send(source, _REPLY, dict(activity.snapshot(), leaving=self._leaving))
             elif tag == _REPLY:
-                self._replies[source] = message
+                self._replies[source] = dict(message,
+                                             answered_s=time.monotonic() - self._asked_at)
             elif tag == _LEFT:
                 self.departed[source] = message
         with self._sending:
@@ -206,6 +209,7 @@ class Watchdog(Closable):
         if not self.threaded:
             return {}
         self._replies = {}
+        self._asked_at = time.monotonic()
         self._send_to_others(_QUERY, None)
         deadline = time.monotonic() + _ANSWER_SECONDS
         while len(self._replies) < self.size - 1 and time.monotonic() < deadline:
@@ -282,6 +286,7 @@ class Watchdog(Closable):
     def _report(self, wait, reason: str, replies, facts: dict):
         """The report of ``wait`` that cannot complete: (its text, its fields)."""
         missing = self._missing(wait, replies)
+        nodes = len(set(self.hosts)) > 1 and self.threaded  # other nodes it can name
         different = self._others_there(wait, replies)
         uneven = self._uneven(missing, replies)
         fix = ("give every rank the same number of batches, or wrap the training loop in "
@@ -290,24 +295,15 @@ class Watchdog(Closable):
                if different else None)
         fields = dict(facts, kind="wait", not_arrived=missing,
                       ranks={str(r): self._state(r, replies) for r in missing},
-                      silent_nodes=self._silent_nodes(missing, replies),
+                      silent_nodes=silent_nodes(self.hosts, self.rank, missing, replies,
+                                                self.departed) if nodes else [],
+                      slow_nodes=slow_nodes(self.hosts, self.rank, replies) if nodes else [],
                       different_collectives=different, uneven=uneven, fix=fix,
                       stack=activity.main_stack(),
                       wait={"what": wait.describe(), "call": wait.call,
                             "channel": wait.channel.name if wait.channel else None,
                             "seq": wait.seq})
         return wait_report_text(fields, reason, len(set(self.hosts)) > 1), fields
-
-    def _silent_nodes(self, missing, replies) -> List[dict]:
-        """Each other node none of whose ranks answered: it, or its link, failed."""
-        if len(set(self.hosts)) == 1 or not self.threaded:
-            return []
-        found = []
-        for host in sorted(set(self.hosts) - {self.hosts[self.rank]}):
-            ranks = [r for r, h in enumerate(self.hosts) if h == host]
-            if all(r in missing and r not in replies and r not in self.departed for r in ranks):
-                found.append({"node": host, "ranks": ranks})
-        return found
 
     def _warn(self, wait) -> None:
         replies = self._ask_everyone()

@@ -13,7 +13,8 @@ and prints the nodes to leave out, one line, comma-separated, as ``srun --exclud
   first such line names the node: the launcher kills the other ranks after it, and
   says so in later lines;
 - hpcddp's watchdog found every rank on it silent (its ranks alive behind a link
-  that no longer carries them): the ``silent_nodes`` of the ``wait`` reports. Both sides
+  that no longer carries them), or slow to answer while they wait (a link that carries
+  almost nothing): the ``silent_nodes`` and ``slow_nodes`` of the ``wait`` reports. Both sides
   of a failed link see the other silent, so each report is one vote and a node is lost
   where the reports of more nodes name it than name any other; between two nodes the
   side of rank 0 (where the launcher's output is) decides.
@@ -104,10 +105,10 @@ def from_reports(reports: Iterable[dict]) -> Optional[Dict[str, str]]:
     votes (see the module's text); None where no report names one."""
     votes: Counter = Counter()
     home_said = None
+    reports = [r for r in reports if r.get("kind") == "wait"]
     for report in sorted(reports, key=lambda r: r.get("rank", 0)):
-        if report.get("kind") != "wait":
-            continue
-        named = {n["node"] for n in report.get("silent_nodes") or []}
+        named = {n["node"] for n in (report.get("silent_nodes") or [])
+                 + (report.get("slow_nodes") or [])}
         for node in named:
             votes[(report.get("host"), node)] = 1
         if home_said is None and named:
@@ -119,8 +120,9 @@ def from_reports(reports: Iterable[dict]) -> Optional[Dict[str, str]]:
     top = [node for node, count in ranked if count == ranked[0][1]]
     node = top[0] if len(top) == 1 else next((n for n in home_said or [] if n in top), top[0])
     reporters = sorted({host for host, n in votes if n == node})
-    return {"node": node, "why": f"every rank on it silent to hpcddp's watchdog on "
-                                 f"{', '.join(reporters)}"}
+    slow = any(n["node"] == node for report in reports for n in report.get("slow_nodes") or [])
+    return {"node": node, "why": f"every rank on it {'slow to answer' if slow else 'silent'} "
+                                 f"to hpcddp's watchdog on {', '.join(reporters)}"}
 
 
 def lost_nodes(reports_folder=None, log_text: str = "") -> List[Dict[str, str]]:

@@ -106,3 +106,10 @@ def test_the_command_prints_the_node_or_exits_3(tmp_path):
     assert done.returncode == LOST_EXIT and done.stdout == ""
     assert "no node named" in done.stderr
     assert _lost().returncode == 2
+
+
+def test_a_node_slow_to_answer_is_lost_and_said_so():
+    report = {"kind": "wait", "rank": 0, "host": "n1", "silent_nodes": [],
+              "slow_nodes": [{"node": "n3", "ranks": [2], "seconds": 2.9}]}
+    assert from_reports(iter([report])) == \
+        {"node": "n3", "why": "every rank on it slow to answer to hpcddp's watchdog on n1"}
