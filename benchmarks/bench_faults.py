@@ -197,6 +197,11 @@ def one_run(cluster, layout, kind, level, workdir, reference, rng, flavour="mpic
               "shm_bytes_left": sum(new.values())}
     if unseen:
         record["kernel_faults"] = unseen
+    # How the watchdog named a node behind a failed link: silent, or slow to answer.
+    verdict = [how for how, words in (("silent", f"No rank on node {victim} "),
+                                      ("slow", f"Node {victim} (")) if words in text]
+    if verdict:
+        record["watchdog_named"] = verdict
     settings = {k: v for k, v in sorted(os.environ.items()) if k.startswith(MPI_SETTINGS)}
     if settings:  # the MPI's own settings this soak ran with (its network module, ...)
         record["mpi_settings"] = settings
