@@ -80,11 +80,15 @@ def finish(proc, earlier, timeout):
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     reader.join(timeout)
-    timed_out = reader.is_alive()
+    try:  # the output can end before the launcher does: its end is bounded too
+        timed_out = reader.is_alive()
+        proc.wait(timeout=0 if timed_out else max(0.0, start + timeout - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        timed_out = True
     if timed_out:
         os.killpg(proc.pid, signal.SIGKILL)
         reader.join()
-    proc.wait()
+        proc.wait()
     job = Finished(proc.returncode, "".join(earlier + [line for _, line in stamped]), "",
                    time.monotonic() - start, timed_out)
     job.timeline = "".join(f"{seconds:6.1f} s  {line}" for seconds, line in stamped
