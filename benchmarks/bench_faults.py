@@ -6,6 +6,7 @@ Run as root (it builds its own emulated cluster, ``tools.testbed``, and removes 
     python benchmarks/bench_faults.py --layout 2x2 --runs 20
     python benchmarks/bench_faults.py --layout 3x1 --runs 20 --level serialized
     python benchmarks/bench_faults.py --layout 2x2 --runs 3 --flavour openmpi   # or impi
+    python benchmarks/bench_faults.py --layout 3x1 --append --fill 20  # top a file up
 
 The job is ``tests/cluster/scripts/train_steps.py`` (checkpoints every 5 steps) on the
 layout's nodes with ``HPCDDP_TIMEOUT=10``. Once rank 0 has printed step 20, the fault
@@ -108,13 +109,24 @@ class Job:
 def _ranks_left(cluster):
     """Ranks still alive on each node once the launcher has ended, after up to LINGER
     seconds: a node cut off from the launcher ends its own ranks (the watchdog's timeout,
-    then its wait for rank 0's side to report); a frozen node's cannot end at all."""
+    then its wait for rank 0's side to report); a frozen node's cannot end at all, so the
+    wait ends once every rank left is a stopped one."""
     def alive(node):
         return [pid for pid in network.node_pids(node) if SCRIPT.name in cmdline(pid)]
     deadline = time.monotonic() + LINGER
-    while time.monotonic() < deadline and any(alive(node) for node in cluster.nodes):
+    while time.monotonic() < deadline and any(
+            not _stopped(pid) for node in cluster.nodes for pid in alive(node)):
         time.sleep(0.5)
     return {node: len(alive(node)) for node in cluster.nodes}
+
+
+def _stopped(pid):
+    """Whether ``pid`` is stopped by a signal (state T), or already gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
 
 
 def _digest(text):
@@ -279,6 +291,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--layout", default="2x2", help="NODESxRANKS_PER_NODE")
     parser.add_argument("--runs", type=int, default=20, help="runs per kind")
+    parser.add_argument("--fill", type=int, default=None, metavar="N",
+                        help="with --append: run the kinds in turn until the results file "
+                             "holds N runs of each (instead of --runs)")
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--level", default="multiple", help="MPI4PY_RC_THREAD_LEVEL")
     parser.add_argument("--flavour", default="mpich", choices=sorted(FLAVOUR_VENVS),
@@ -321,20 +336,33 @@ def main():
     cluster = EmulatedCluster.up(nodes=layout[0], rate="1gbit", name="hdsoak")
     try:
         reference = _references(cluster, layout, args.level, workdir, args.flavour)
-        for index in range(args.runs):
-            for kind in kinds:
-                record = one_run(cluster, layout, kind, args.level, workdir, reference, rng,
-                                 args.flavour)
-                record["commit"] = commit
-                data["runs"].append(record)
-                print(json.dumps(record), flush=True)
-                _write(out, data)  # every run kept, should the soak be stopped
+        for kind in _turns(kinds, args.runs, data["runs"], args.fill):
+            record = one_run(cluster, layout, kind, args.level, workdir, reference, rng,
+                             args.flavour)
+            record["commit"] = commit
+            data["runs"].append(record)
+            print(json.dumps(record), flush=True)
+            _write(out, data)  # every run kept, should the soak be stopped
     finally:
         _heal(cluster)
         cluster.down()
         subprocess.run(["rm", "-rf", str(workdir)])
     for kind, row in data["table"].items():
         print(kind, json.dumps(row))
+
+
+def _turns(kinds, runs, held, fill):
+    """The kinds to run, in turn: ``runs`` times each, or, with ``fill``, each until the
+    results hold ``fill`` runs of it (``held`` grows as the soak runs)."""
+    if fill is None:
+        for _ in range(runs):
+            yield from kinds
+        return
+    while True:
+        short = [k for k in kinds if sum(r["kind"] == k for r in held) < fill]
+        if not short:
+            return
+        yield from short
 
 
 def _commit():
