@@ -18,13 +18,18 @@ from datetime import timedelta
 from typing import Optional, Union
 
 from hpcddp.comm.startup import start_mpi
-from hpcddp.env import ConfigError, get_setting, unknown_settings
+from hpcddp.comm.tracker import keep_tracker_apart
+from hpcddp.env import ConfigError, detect_launcher, get_setting, unknown_settings
 from hpcddp.env.config import LOADER_WORKER_VARIABLE
 from hpcddp.env.torchrun import disagreements, export, torchrun_values
 
 # MPI starts here, bounded by HPCDDP_TIMEOUT (a rank that never starts MPI would hold
 # the others in MPI_Init for good); the imports below would start it unbounded.
 start_mpi(get_setting("TIMEOUT"))
+# A launcher ends a rank with its whole process group; the names the rank's
+# multiprocessing queues hold in /dev/shm are removed by a tracker outside it.
+if detect_launcher().world_size is not None:
+    keep_tracker_apart()
 
 from mpi4py import MPI  # noqa: E402
 
