@@ -70,6 +70,8 @@ KINDS = ("ranks_killed", "node_lost", "link_down", "crawl", "frozen", "stuck", "
 class Job:
     """``mpiexec`` on the cluster, its merged output read line by line in a thread."""
 
+    started = []  # every job's launcher, killed if the soak is stopped
+
     def __init__(self, cluster, layout, argv, env, flavour="mpich"):
         nodes, per_node = layout
         python = ROOT / FLAVOUR_VENVS[flavour] / "bin" / "python"
@@ -79,6 +81,7 @@ class Job:
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                                      env=cluster.env(base, flavour), start_new_session=True)
+        Job.started.append(self.proc)
         self.lines, self.seen = [], threading.Event()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -344,6 +347,10 @@ def main():
             print(json.dumps(record), flush=True)
             _write(out, data)  # every run kept, should the soak be stopped
     finally:
+        for proc in Job.started:  # a job still running when the soak is stopped
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         _heal(cluster)
         cluster.down()
         subprocess.run(["rm", "-rf", str(workdir)])

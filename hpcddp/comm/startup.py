@@ -7,7 +7,10 @@ non-zero exit while the rest wait in PMI. ``MPI_Init`` holds Python's GIL, so no
 of this process can intervene; a small watcher process can. It is started before MPI
 (nothing of MPI is inherited), and if ``MPI_Init`` has not returned within
 ``HPCDDP_TIMEOUT`` it prints why and kills this rank, which makes the launcher end the
-job. It is stopped the moment ``MPI_Init`` returns.
+job. It is stopped the moment ``MPI_Init`` returns. Before it kills the rank it removes the
+name of MPICH's node segment that the rank has mapped: ``MPI_Init`` names it, only
+``MPI_Finalize`` removes the name, and ``hpcddp.init()``, which removes it otherwise, is
+never reached (the memory itself goes with the node's last rank).
 
 A process that ``multiprocessing`` started from a rank (a DataLoader worker under
 ``spawn`` or ``forkserver``, which imports the training script again) never starts MPI:
@@ -18,14 +21,20 @@ is not refused.
 """
 
 import os
+import re
 import subprocess
 import sys
+from typing import List
 
-__all__ = ["refuse_in_child", "start_mpi"]
+__all__ = ["MPICH_SEGMENT", "refuse_in_child", "start_mpi", "unlink_mapped_segments"]
+
+# MPICH's node segment, made in MPI_Init and named until MPI_Finalize unlinks it:
+# /dev/shm/mpich_shm_<hash of the job>_<node>. Its other segments are unlinked once attached.
+MPICH_SEGMENT = r"^/dev/shm/mpich_shm_[0-9a-f]+_[0-9]+$"
 
 _WATCHER = r"""
-import os, signal, sys, time
-parent, seconds, message = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+import os, re, signal, sys, time
+parent, seconds, message, segment = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
 deadline = time.monotonic() + seconds
 while time.monotonic() < deadline:
     time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
@@ -33,8 +42,41 @@ while time.monotonic() < deadline:
         sys.exit(0)
 sys.stderr.write(message)
 sys.stderr.flush()
+try:
+    with open(f"/proc/{parent}/maps") as maps:
+        names = {line.split()[-1] for line in maps if "/dev/shm/" in line}
+except OSError:
+    names = set()
+for name in names:
+    if re.match(segment, name):
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
 os.kill(parent, signal.SIGKILL)
 """
+
+
+def unlink_mapped_segments(maps: str = "/proc/self/maps") -> List[str]:
+    """Unlink the names of the MPICH node segments this process maps; return them.
+
+    The mapping stays: the memory goes with the node's last process, however it ends.
+    A rank of the same node still in ``MPI_Init`` can no longer attach, so this is for a
+    node whose ranks have all mapped it, or a job that is ending.
+    """
+    try:
+        with open(maps) as mapped:
+            names = {line.split()[-1] for line in mapped if "/dev/shm/" in line}
+    except OSError:
+        return []
+    removed = []
+    for name in sorted(n for n in names if re.match(MPICH_SEGMENT, n)):
+        try:
+            os.unlink(name)
+            removed.append(name)
+        except OSError:
+            pass  # gone already, or not ours to remove
+    return removed
 
 
 def _launched_rank() -> str:
@@ -83,7 +125,8 @@ def start_mpi(timeout: float) -> None:
                f"(HPCDDP_TIMEOUT): another rank of this job has not started MPI. It may "
                f"have failed before (its error is printed above); ending the job.\n")
     watcher = subprocess.Popen([sys.executable, "-S", "-c", _WATCHER, str(os.getpid()),
-                                str(timeout), message], stdin=subprocess.DEVNULL)
+                                str(timeout), message, MPICH_SEGMENT],
+                               stdin=subprocess.DEVNULL)
     try:
         from mpi4py import MPI  # noqa: F401
     finally:

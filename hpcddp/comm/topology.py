@@ -1,20 +1,15 @@
 """The library's private communicator and the node layout derived from it."""
 
-import os
-import re
 import time
 from typing import List, NamedTuple, Optional
 
 from mpi4py import MPI
 
 from hpcddp.comm.serial import serialize
+from hpcddp.comm.startup import unlink_mapped_segments
 
 __all__ = ["MissingRanksError", "NodeLayout", "clone_comm", "forget_segment_names",
            "node_layout"]
-
-# MPICH's node segment, made in MPI_Init and named until MPI_Finalize unlinks it:
-# mpich_shm_<hash of the job>_<node>. Its other segments are unlinked once attached.
-_MPICH_SEGMENT = re.compile(r"^/dev/shm/mpich_shm_[0-9a-f]+_[0-9]+$")
 
 
 class MissingRanksError(RuntimeError):
@@ -100,18 +95,6 @@ def forget_segment_names(local: "MPI.Intracomm", maps: str = "/proc/self/maps") 
     .. warning:: Collective over ``local``.
     """
     local.Barrier()  # every rank of the node is past MPI_Init: all have mapped it
-    removed = []
-    if local.rank == 0:
-        try:
-            with open(maps) as mapped:
-                names = {line.split()[-1] for line in mapped if "/dev/shm/" in line}
-        except OSError:
-            names = set()
-        for name in sorted(n for n in names if _MPICH_SEGMENT.match(n)):
-            try:
-                os.unlink(name)
-                removed.append(name)
-            except OSError:
-                pass  # gone already, or not ours to remove
+    removed = unlink_mapped_segments(maps) if local.rank == 0 else []
     local.Barrier()
     return removed

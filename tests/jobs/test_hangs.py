@@ -11,7 +11,7 @@ import os
 import re
 
 import pytest
-from jobs_util import job_sizes, launcher_kind
+from jobs_util import job_sizes, launcher_kind, mpich_segments, segments_left_since
 from reports import read_reports, the_report
 
 SIZES = job_sizes()  # 2 and 3 ranks; 2 under the other MPIs and at SERIALIZED
@@ -170,12 +170,16 @@ def test_rank_stuck_in_a_dataloader_worker_is_named(run_job, n, tmp_path):
 @pytest.mark.parametrize("mode, quick", [("hpcddp", True), ("hpcddp+mpi4py", True),
                                          ("bare", False), ("bare+mpi4py", False)])
 def test_rank_that_fails_before_init_ends_the_job(run_job, mode, quick, tmp_path):
+    before = mpich_segments()
     job = run_job(["tests/jobs/scripts/fail_before_init.py", mode], n=3, timeout=90,
                   env=dict(ENV, HPCDDP_REPORT_DIR=str(tmp_path)))
     assert not job.timed_out, job.output[-3000:]
     _failed_within(job, QUICK if quick else TIMEOUT + MARGIN)
     assert "deliberate failure on rank one" in job.stderr  # Python's own traceback
     assert "must not happen" not in job.stdout
+    # Ended in MPI_Init, or in an abort before hpcddp.init() removed its name: MPICH's
+    # node segment is still named, and the watcher or the abort removes it.
+    assert segments_left_since(before) == [], job.output[-3000:]
     if mode.startswith("hpcddp"):  # hpcddp was imported: its hook aborts at once
         report = the_report(tmp_path, "exception", job.output)
         _said(job, report)

@@ -106,3 +106,23 @@ def communicate_or_kill(proc, timeout):
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
         return stdout, stderr, True
+
+
+def mpich_segments():
+    """The names of MPICH's shared-memory files in /dev/shm now."""
+    return {path.name for path in Path("/dev/shm").glob("mpich_shm_*")}
+
+
+def segments_left_since(before):
+    """MPICH's shared-memory files named since ``before`` (an ``mpich_segments()``) that
+    no process maps any more: what an ended job left behind. A job that runs beside
+    (pytest-xdist) still maps its own."""
+    new = mpich_segments() - before
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:
+            continue  # ended meanwhile, or not ours to read
+        mapped.update(name for name in new if f"/dev/shm/{name}" in text)
+    return sorted(new - mapped)

@@ -14,6 +14,11 @@ import torch
 from mpi4py import MPI
 
 import hpcddp.checkpoint as checkpoint
+from hpcddp.comm.startup import unlink_mapped_segments
+
+# This writer is killed on purpose, before MPI_Finalize would remove the name of MPICH's
+# segment: a singleton has no other rank to attach it, so the name goes now.
+unlink_mapped_segments()
 
 
 class _Pause:
