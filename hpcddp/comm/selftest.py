@@ -48,6 +48,10 @@ from mpi4py import MPI
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
 check = sys.argv[1]
+comm.Barrier()  # both have mapped MPICH's node segment: its name goes, which a crash keeps
+if rank == 0:
+    from hpcddp.comm.startup import unlink_mapped_segments
+    unlink_mapped_segments()
 
 
 def say(said):

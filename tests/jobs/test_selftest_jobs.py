@@ -5,6 +5,7 @@ GPU the device variant fails and says so instead of passing."""
 
 import pytest
 import torch
+from jobs_util import mpich_segments, segments_left_since
 
 from hpcddp.comm.selftest import HOST_PAIR_SETUP, pair_launcher, run_device_checks
 
@@ -31,7 +32,9 @@ def test_host_buffers_pass_both_checks_on_real_transports():
 
 
 def test_a_crashing_iallreduce_leaves_the_ring_and_says_why():
+    before = mpich_segments()
     verdict = run_device_checks(CRASHING_IALLREDUCE, pair_launcher())
+    assert segments_left_since(before) == []  # the crashed job's MPICH segment is unnamed
     assert verdict.p2p.passed, verdict.describe()
     assert not verdict.iallreduce.passed
     assert "Iallreduce" in verdict.iallreduce.reason and "signal" in verdict.iallreduce.reason
