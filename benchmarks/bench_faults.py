@@ -224,6 +224,9 @@ def one_run(cluster, layout, kind, level, workdir, reference, rng, flavour="mpic
     record["said"] = [line for line in text.splitlines() if line.startswith("hpcddp: ")][:4]
     if not record["named"] or record["crashed"]:
         record["output_tail"] = text[-2000:]  # what the user saw instead
+        # and what the ranks' reports said, their stacks left out
+        record["reports"] = [line for line in text.splitlines() if line.startswith("hpcddp: ")
+                             or line.startswith("[rank ") and "]   " not in line][:60]
     _heal(cluster)
     # A stopped rank left behind runs again for a moment when the soak heals its node
     # (SIGCONT, then SIGKILL): whether it dies of a fault signal meanwhile, counted apart.

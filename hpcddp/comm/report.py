@@ -116,6 +116,12 @@ def different_said(different) -> List[str]:
             f"{d['call']}" for d in different]
 
 
+def _not_at_all(node: dict) -> str:
+    """`` (rank 3 not at all)``: the ranks of a slow node whose answers are not in yet."""
+    unanswered = node.get("unanswered")
+    return f" ({ranks_said(unanswered)} not at all)" if unanswered else ""
+
+
 def wait_report_text(fields: dict, reason: str, several_nodes: bool) -> str:
     """The watchdog's report of a wait that cannot complete, from its fields."""
     wait, missing = fields["wait"], fields["not_arrived"]
@@ -131,8 +137,8 @@ def wait_report_text(fields: dict, reason: str, several_nodes: bool) -> str:
         lines.append("Every rank has reached this collective, and its data does not move "
                      "between them.")
     lines += [f"Node {n['node']} ({ranks_said(n['ranks'])}) answered only after "
-              f"{n['seconds']:g} s, waiting like this rank: that node's network link carries "
-              f"almost nothing." for n in fields.get("slow_nodes") or ()]
+              f"{n['seconds']:g} s{_not_at_all(n)}, waiting like this rank: that node's "
+              f"network link carries almost nothing." for n in fields.get("slow_nodes") or ()]
     if fields["different_collectives"]:
         lines.append(f"This rank waits in {wait['call']} as collective {wait['seq']}, but "
                      + "; ".join(different_said(fields["different_collectives"]))

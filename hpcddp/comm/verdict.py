@@ -7,7 +7,8 @@ wait), so an answer that takes a second or more crossed a link that barely carri
 anything. Over a link shaped to 8 kbit/s, every rank can reach the collective and the
 answers get through, slowly, while the collective's data never does: no rank is missing,
 and without the answers' times the report could name nothing. Each answer holds
-``answered_s``, the seconds from the question to its arrival.
+``answered_s``, the seconds from the question to its arrival. A node some of whose
+answers are late and the rest not in yet is slow too.
 """
 
 from typing import Dict, List
@@ -32,15 +33,24 @@ def silent_nodes(hosts: List[str], rank: int, missing: List[int], replies: Dict[
             if all(r in missing and r not in replies and r not in departed for r in ranks)]
 
 
-def slow_nodes(hosts: List[str], rank: int, replies: Dict[int, dict]) -> List[dict]:
-    """Each other node every rank of which answered while waiting, each after
-    ``SLOW_ANSWER_SECONDS`` or more: ``node``, ``ranks``, ``seconds`` (the fastest of its
-    answers)."""
+def slow_nodes(hosts: List[str], rank: int, replies: Dict[int, dict],
+               departed: Dict[int, dict] = None) -> List[dict]:
+    """Each other node every rank of which answered while waiting, after
+    ``SLOW_ANSWER_SECONDS`` or more, or has not answered yet (none having left), at least
+    one having answered: ``node``, ``ranks``, ``seconds`` (the fastest of its answers),
+    and ``unanswered`` where some have not. Answers that share one crawling link arrive
+    one by one: the first of a node's may be in and the next still on its way."""
     found = []
     for host, ranks in _others(hosts, rank).items():
-        answers = [replies.get(r) for r in ranks]
-        if all(a is not None and a.get("waits") and a.get("answered_s", 0.0)
-               >= SLOW_ANSWER_SECONDS for a in answers):
-            found.append({"node": host, "ranks": ranks,
-                          "seconds": round(min(a["answered_s"] for a in answers), 1)})
+        answers = [replies[r] for r in ranks if r in replies]
+        unanswered = [r for r in ranks if r not in replies]
+        if not answers or any(r in (departed or {}) for r in unanswered):
+            continue
+        if all(a.get("waits") and a.get("answered_s", 0.0) >= SLOW_ANSWER_SECONDS
+               for a in answers):
+            node = {"node": host, "ranks": ranks,
+                    "seconds": round(min(a["answered_s"] for a in answers), 1)}
+            if unanswered:
+                node["unanswered"] = unanswered
+            found.append(node)
     return found

@@ -83,9 +83,21 @@ def test_a_prompt_answer_or_one_from_user_code_names_no_slow_node(reply):
 def test_a_node_is_slow_only_where_every_rank_on_it_answered_late():
     hosts = ["n1", "n1", "n2", "n2"]
     assert slow_nodes(hosts, 0, {1: _waiting(0.0), 2: _waiting(2.0), 3: _waiting(0.1)}) == []
-    assert slow_nodes(hosts, 0, {1: _waiting(0.0), 2: _waiting(2.0)}) == []  # 3 silent
     assert slow_nodes(hosts, 0, {2: _waiting(2.0), 3: _waiting(1.5)}) == \
         [{"node": "n2", "ranks": [2, 3], "seconds": 1.5}]
+    assert slow_nodes(hosts, 0, {1: _waiting(0.0)}) == []  # none answered: silent, not slow
+
+
+def test_a_node_whose_first_answer_crawled_in_and_the_next_is_still_on_its_way_is_slow():
+    # The answers of ranks 2 and 3 share n2's link at 8 kbit/s: rank 2's after 2 s, rank
+    # 3's not yet when the report is made. Neither silent nor all late: named slow.
+    hosts = ["n1", "n1", "n2", "n2"]
+    replies = {1: _waiting(0.0), 2: _waiting(2.0)}
+    assert slow_nodes(hosts, 0, replies, {}) == \
+        [{"node": "n2", "ranks": [2, 3], "seconds": 2.0, "unanswered": [3]}]
+    assert silent_nodes(hosts, 0, [3], replies, {}) == []
+    assert slow_nodes(hosts, 0, replies, {3: {}}) == []  # rank 3 left: not the link
+    assert slow_nodes(hosts, 0, {1: _waiting(0.0), 2: _waiting(0.2)}, {}) == []  # in time
 
 
 def test_a_silent_node_is_one_none_of_whose_ranks_answered_or_left():
@@ -110,6 +122,11 @@ def test_the_report_says_every_rank_arrived_and_names_the_slow_node():
     assert "Every rank has reached this collective, and its data does not move" in text
     assert "Node n3 (rank 2) answered only after 2.9 s, waiting like this rank: that " \
            "node's network link carries almost nothing." in text
+    partly = wait_report_text(_fields(slow_nodes=[{"node": "n2", "ranks": [2, 3],
+                                                   "seconds": 2.0, "unanswered": [3]}]),
+                              "no progress for 10 s", True)
+    assert "Node n2 (ranks 2,3) answered only after 2 s (rank 3 not at all), waiting like " \
+           "this rank" in partly
     plain = wait_report_text(_fields(), "no progress for 10 s", True)
     assert "Every rank has reached" in plain and "Node " not in plain
     # Ranks that issued different collectives are the news there, not the network.
