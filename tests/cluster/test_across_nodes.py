@@ -70,17 +70,21 @@ def test_any_source_receives_on_two_nodes_and_mpich_ucx_loses_them_on_three(clus
     involved. Should an MPICH fix it, the three-node cases fail here: restore the test.
     Under Open MPI and Intel MPI every receive must arrive on three nodes too.
     (Two nodes are not held to receiving every message: one CI run lost one there, at
-    iteration 6 of 300, at multiple.)"""
-    job = on_nodes(cluster, [ROOT / "tests/cluster/scripts/any_source.py", "300"],
-                   nodes=cluster.nodes[:nodes], env={"MPI4PY_RC_THREAD_LEVEL": level},
-                   timeout=120)
-    assert not job.timed_out, job.output[-2000:]
-    if nodes == 2 or not MPICH_UCX:
-        assert job.returncode == 0 and "every receive arrived" in job.stdout, job.output[-2000:]
-    else:
+    iteration 6 of 300, at multiple.) The loss is a race: most jobs lose a receive within
+    25 iterations, but one CI job received all 300, so MPICH gets up to three jobs to
+    show it."""
+    for _ in range(3 if MPICH_UCX else 1):
+        job = on_nodes(cluster, [ROOT / "tests/cluster/scripts/any_source.py", "300"],
+                       nodes=cluster.nodes[:nodes], env={"MPI4PY_RC_THREAD_LEVEL": level},
+                       timeout=120)
+        assert not job.timed_out, job.output[-2000:]
         # The abort's status says it too: a line printed just before MPI_Abort on another
         # node can be cut off on its way to the launcher (seen once).
-        assert job.returncode == 3 or "lost at iteration" in job.stdout, job.output[-2000:]
+        lost = job.returncode == 3 or "lost at iteration" in job.stdout
+        if lost:
+            break
+        assert job.returncode == 0 and "every receive arrived" in job.stdout, job.output[-2000:]
+    assert lost == MPICH_UCX, job.output[-2000:]
 
 
 @pytest.mark.skipif(not MPICH_UCX, reason="MPICH's network modules")
