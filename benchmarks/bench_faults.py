@@ -222,6 +222,10 @@ def one_run(cluster, layout, kind, level, workdir, reference, rng, flavour="mpic
         record["mpi_settings"] = settings
     # hpcddp's own headlines (the watchdog's report, a straggler's warning), whole
     record["said"] = [line for line in text.splitlines() if line.startswith("hpcddp: ")][:4]
+    thrown = [line for line in text.splitlines() if "uncaught exception" in line]
+    if thrown:  # a thread of hpcddp's that raised: its rank's traceback
+        tag = thrown[0].split(" of ")[0].replace("hpcddp: rank ", "[rank ") + "]"
+        record["uncaught"] = [line for line in text.splitlines() if line.startswith(tag)][-30:]
     if not record["named"] or record["crashed"]:
         record["output_tail"] = text[-2000:]  # what the user saw instead
         # and what the ranks' reports said, their stacks left out

@@ -177,10 +177,10 @@ class Owner:
                 with self._cond:
                     if not task.started:
                         self._calls.remove(task)
-                        raise OwnerBusy(f"hpcddp: the MPI thread did not take {fn.__name__} "
+                        raise OwnerBusy(f"hpcddp: the MPI thread did not take {_named(fn)} "
                                         f"within {timeout:g} s")
                 if not task.wait(timeout):
-                    raise OwnerBusy(f"hpcddp: {fn.__name__} did not return within "
+                    raise OwnerBusy(f"hpcddp: {_named(fn)} did not return within "
                                     f"{timeout:g} s on the MPI thread")
         finally:
             self._count(since)
@@ -349,6 +349,13 @@ class Owner:
         nudge = self.nudge
         self.__init__()
         self._decided, self.nudge = True, nudge
+
+
+def _named(fn: Callable) -> str:
+    """What a call is, in a message: a ``functools.partial`` (``serial.call`` with keyword
+    arguments) by the function it wraps."""
+    fn = getattr(fn, "func", fn)
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
 OWNER = Owner()
