@@ -21,7 +21,7 @@ import traceback
 
 from hpcddp.comm.launcher_guard import end_launcher_later
 from hpcddp.comm.report import write_report
-from hpcddp.comm.startup import unlink_mapped_segments
+from hpcddp.comm.startup import JOB_SEGMENTS, unlink_mapped_segments
 
 __all__ = ["abort_job", "install_abort_hook", "install_early_hook", "uninstall_abort_hook",
            "ABORT_EXIT_SECONDS"]
@@ -61,10 +61,11 @@ def abort_job(comm, message: str, exc_info=None, code: int = 1, detail: str = ""
     finally:
         _exit_later(ABORT_EXIT_SECONDS)
         end_launcher_later(LAUNCHER_GRACE_SECONDS)
-        # Before hpcddp.init() has removed it, MPICH's node segment is still named; the
-        # job is ending, so no rank of this node needs the name to attach any more.
+        # Before hpcddp.init() has removed it, MPICH's node segment is still named, and the
+        # other MPIs' segments stay named until MPI_Finalize; the job is ending, so no rank
+        # of this node needs a name to attach any more.
         try:
-            unlink_mapped_segments()
+            unlink_mapped_segments(pattern=JOB_SEGMENTS)
         except Exception:  # noqa: BLE001 - nothing may keep the abort from happening
             pass
         _abort(comm, code)

@@ -8,9 +8,10 @@ of this process can intervene; a small watcher process can. It is started before
 (nothing of MPI is inherited), and if ``MPI_Init`` has not returned within
 ``HPCDDP_TIMEOUT`` it prints why and kills this rank, which makes the launcher end the
 job. It is stopped the moment ``MPI_Init`` returns. Before it kills the rank it removes the
-name of MPICH's node segment that the rank has mapped: ``MPI_Init`` names it, only
-``MPI_Finalize`` removes the name, and ``hpcddp.init()``, which removes it otherwise, is
-never reached (the memory itself goes with the node's last rank).
+names of the MPI library's segments that the rank has mapped (MPICH's node segment and
+the like, ``JOB_SEGMENTS``): ``MPI_Init`` names them, only ``MPI_Finalize`` removes the
+names, and ``hpcddp.init()``, which removes MPICH's otherwise, is never reached (the
+memory itself goes with the node's last rank).
 
 A process that ``multiprocessing`` started from a rank (a DataLoader worker under
 ``spawn`` or ``forkserver``, which imports the training script again) never starts MPI:
@@ -26,11 +27,19 @@ import subprocess
 import sys
 from typing import List
 
-__all__ = ["MPICH_SEGMENT", "refuse_in_child", "start_mpi", "unlink_mapped_segments"]
+__all__ = ["JOB_SEGMENTS", "MPICH_SEGMENT", "refuse_in_child", "start_mpi",
+           "unlink_mapped_segments"]
 
 # MPICH's node segment, made in MPI_Init and named until MPI_Finalize unlinks it:
 # /dev/shm/mpich_shm_<hash of the job>_<node>. Its other segments are unlinked once attached.
 MPICH_SEGMENT = r"^/dev/shm/mpich_shm_[0-9a-f]+_[0-9]+$"
+# Every name an MPI library gives a job's shared memory in /dev/shm and removes only in
+# MPI_Finalize (or, for Open MPI, its daemon at the job's end): MPICH's node segment, Open
+# MPI's sm segment (sm_segment.<host>.<uid>.<job>.<local rank>), UCX's POSIX segments,
+# Intel MPI's. A process that is ending may remove them all: no rank of an ending job
+# attaches any more.
+JOB_SEGMENTS = (r"^/dev/shm/(mpich_shm_[0-9a-f]+_[0-9]+|sm_segment\.[^/]+|"
+                r"ucx_shm_posix_[0-9a-f]+|Intel_MPI_[^/]+)$")
 
 _WATCHER = r"""
 import os, re, signal, sys, time
@@ -57,8 +66,10 @@ os.kill(parent, signal.SIGKILL)
 """
 
 
-def unlink_mapped_segments(maps: str = "/proc/self/maps") -> List[str]:
-    """Unlink the names of the MPICH node segments this process maps; return them.
+def unlink_mapped_segments(maps: str = "/proc/self/maps",
+                           pattern: str = MPICH_SEGMENT) -> List[str]:
+    """Unlink the names of the segments in /dev/shm that this process maps and that match
+    ``pattern`` (MPICH's node segment unless told); return them.
 
     The mapping stays: the memory goes with the node's last process, however it ends.
     A rank of the same node still in ``MPI_Init`` can no longer attach, so this is for a
@@ -70,7 +81,7 @@ def unlink_mapped_segments(maps: str = "/proc/self/maps") -> List[str]:
     except OSError:
         return []
     removed = []
-    for name in sorted(n for n in names if re.match(MPICH_SEGMENT, n)):
+    for name in sorted(n for n in names if re.match(pattern, n)):
         try:
             os.unlink(name)
             removed.append(name)
@@ -125,7 +136,7 @@ def start_mpi(timeout: float) -> None:
                f"(HPCDDP_TIMEOUT): another rank of this job has not started MPI. It may "
                f"have failed before (its error is printed above); ending the job.\n")
     watcher = subprocess.Popen([sys.executable, "-S", "-c", _WATCHER, str(os.getpid()),
-                                str(timeout), message, MPICH_SEGMENT],
+                                str(timeout), message, JOB_SEGMENTS],
                                stdin=subprocess.DEVNULL)
     try:
         from mpi4py import MPI  # noqa: F401

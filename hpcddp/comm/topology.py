@@ -6,7 +6,7 @@ from typing import List, NamedTuple, Optional
 from mpi4py import MPI
 
 from hpcddp.comm.serial import serialize
-from hpcddp.comm.startup import unlink_mapped_segments
+from hpcddp.comm.startup import JOB_SEGMENTS, MPICH_SEGMENT, unlink_mapped_segments
 
 __all__ = ["MissingRanksError", "NodeLayout", "clone_comm", "forget_segment_names",
            "node_layout"]
@@ -92,9 +92,15 @@ def forget_segment_names(local: "MPI.Intracomm", maps: str = "/proc/self/maps") 
     when the last rank of the node exits, however it exits. Finalize finds no name to
     remove and goes on. Only names this process maps are touched.
 
+    A rank alone on its node (a singleton, ``python train.py``) has no peer that could
+    attach to any of its segments, so it unlinks every MPI library's (``JOB_SEGMENTS``):
+    Open MPI 5 leaves its 16 MiB sm segment behind after every singleton run, even one
+    that calls ``MPI_Finalize``, because only its launcher's daemon removes it.
+
     .. warning:: Collective over ``local``.
     """
     local.Barrier()  # every rank of the node is past MPI_Init: all have mapped it
-    removed = unlink_mapped_segments(maps) if local.rank == 0 else []
+    pattern = JOB_SEGMENTS if local.size == 1 else MPICH_SEGMENT
+    removed = unlink_mapped_segments(maps, pattern) if local.rank == 0 else []
     local.Barrier()
     return removed

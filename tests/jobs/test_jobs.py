@@ -4,7 +4,7 @@ import os
 import re
 
 import pytest
-from jobs_util import launcher_kind
+from jobs_util import job_segments, launcher_kind
 from reports import the_report
 
 FAIL_FAST = 15.0  # seconds within which a failed job must have ended
@@ -80,6 +80,17 @@ def test_serial_command_inside_a_multitask_allocation_runs(run_job):
                   env={"SLURM_NTASKS": "4", "SLURM_JOB_ID": "1"}, timeout=60)
     assert job.returncode == 0, job.stderr
     assert "rank=0 size=1" in job.stdout
+
+
+def test_a_singleton_leaves_no_shared_memory_behind(run_job):
+    """``python train.py`` without a launcher: MPI starts as a singleton. Open MPI 5's
+    leaves its 16 MiB segment in /dev/shm even after MPI_Finalize (only its launcher's
+    daemon removes it); init() removes the names a rank alone on its node maps."""
+    before = job_segments()
+    for _ in range(2):
+        job = run_job(["tests/jobs/scripts/show_world.py"], timeout=60)
+        assert job.returncode == 0 and "rank=0 size=1" in job.stdout, job.output[-2000:]
+    assert job_segments() - before == set()
 
 
 def test_ranks_and_local_ranks_under_mpiexec(run_job):

@@ -1,6 +1,7 @@
 """Launching whole MPI jobs as subprocesses and watching how they end."""
 
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -113,11 +114,20 @@ def mpich_segments():
     return {path.name for path in Path("/dev/shm").glob("mpich_shm_*")}
 
 
-def segments_left_since(before):
-    """MPICH's shared-memory files named since ``before`` (an ``mpich_segments()``) that
-    no process maps any more: what an ended job left behind. A job that runs beside
+def job_segments():
+    """The names in /dev/shm now that any MPI library gives a job's shared memory
+    (``hpcddp.comm.startup.JOB_SEGMENTS``: MPICH's, Open MPI's, UCX's, Intel MPI's)."""
+    from hpcddp.comm.startup import JOB_SEGMENTS
+
+    return {path.name for path in Path("/dev/shm").iterdir()
+            if re.match(JOB_SEGMENTS, str(path))} if Path("/dev/shm").is_dir() else set()
+
+
+def segments_left_since(before, now=mpich_segments):
+    """The shared-memory files named since ``before`` (a ``now()``: MPICH's unless told)
+    that no process maps any more: what an ended job left behind. A job that runs beside
     (pytest-xdist) still maps its own."""
-    new = mpich_segments() - before
+    new = now() - before
     mapped = set()
     for maps in Path("/proc").glob("[0-9]*/maps"):
         try:
