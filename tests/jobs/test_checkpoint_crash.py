@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import warnings
 
 import pytest
@@ -20,17 +21,50 @@ pytestmark = pytest.mark.skipif(STRACE is None, reason="needs strace (apt-get in
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "save_once.py")
 RENAMES = "rename,renameat,renameat2"
 
-# (system call set, which call): each kills the writer on entering that call, so the
-# call itself never happens. fsync 1: state.pt, 2: manifest, 3: the temporary directory,
-# rename 1: into place, fsync 4: the parent, fsync 5: `latest`'s temporary, rename 2:
-# `latest`, fsync 6: the parent again.
-CASES = [("write", 1), ("write", 20), ("fsync", 1), ("fsync", 2), ("fsync", 3),
-         (RENAMES, 1), ("fsync", 4), ("fsync", 5), (RENAMES, 2), ("fsync", 6)]
+# (system call set, which call, counted from the save): each kills the writer on entering
+# that call, so the call itself never happens. write 1-9: state.pt (torch writes it in 9
+# here), 10: the manifest, 11: `latest`'s temporary; fsync 1: state.pt, 2: manifest, 3:
+# the temporary directory, rename 1: into place, fsync 4: the parent, fsync 5: `latest`'s
+# temporary, rename 2: `latest`, fsync 6: the parent again.
+CASES = [("write", 1), ("write", 5), ("write", 10), ("write", 11), ("fsync", 1),
+         ("fsync", 2), ("fsync", 3), (RENAMES, 1), ("fsync", 4), ("fsync", 5), (RENAMES, 2),
+         ("fsync", 6)]
 
 
 def _save(directory, step, strace=()):
     return subprocess.run([*strace, sys.executable, SCRIPT, str(directory), str(step)],
                           capture_output=True, text=True, timeout=120)
+
+
+def _traced(pid):
+    with open(f"/proc/{pid}/status") as status:
+        return any(line.startswith("TracerPid:") and line.split()[1] != "0" for line in status)
+
+
+def _save_killed(directory, step, syscalls, when):
+    """Save with strace attached once MPI is up, to kill the writer on entering the
+    ``when``-th of ``syscalls`` counted from the save; the writer's exit status."""
+    writer = subprocess.Popen([sys.executable, SCRIPT, str(directory), str(step), "ready"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    tracer = None
+    try:
+        assert writer.stdout.readline().strip() == "ready"
+        tracer = subprocess.Popen([STRACE, "-f", "-qq", "-o", os.devnull, "-e",
+                                   f"trace={syscalls}", "-e",
+                                   f"inject={syscalls}:signal=KILL:when={when}",
+                                   "-p", str(writer.pid)])
+        deadline = time.monotonic() + 30
+        while not _traced(writer.pid):
+            assert tracer.poll() is None and time.monotonic() < deadline, "strace did not attach"
+            time.sleep(0.01)
+        writer.stdin.write("go\n")
+        writer.stdin.flush()
+        return writer.wait(timeout=120)
+    finally:
+        writer.kill()
+        writer.wait()
+        if tracer is not None:
+            tracer.wait(timeout=30)
 
 
 def _load(directory):
@@ -53,15 +87,11 @@ def outcomes(tmp_path_factory):
     for syscalls, when in CASES:
         directory = tmp_path_factory.mktemp("ckpt") / "run"
         shutil.copytree(first, directory)
-        killed = _save(directory, 2, [STRACE, "-f", "-qq", "-o", os.devnull, "-e",
-                                      f"trace={syscalls}", "-e",
-                                      f"inject={syscalls}:signal=KILL:when={when}"])
+        returncode = _save_killed(directory, 2, syscalls, when)
         left = _temporaries(directory)
-        results[(syscalls, when)] = (killed.returncode, _load(directory), left,
+        results[(syscalls, when)] = (returncode, _load(directory), left,
                                      _temporaries(directory))
-    # A writer killed inside MPI_Init (the early write cases count from process start)
-    # leaves the segment UCX has named there; what these kills left is removed.
-    for name in segments_left_since(before, job_segments):
+    for name in segments_left_since(before, job_segments):  # what a killed writer's MPI left
         os.unlink(os.path.join("/dev/shm", name))
     return results
 
@@ -83,8 +113,11 @@ def test_both_outcomes_are_seen(outcomes):
 
 
 def test_load_removes_what_a_killed_save_left(outcomes):
-    left_by_kill = [left for _, _, left, _ in outcomes.values()]
-    assert sum(map(bool, left_by_kill)) >= 4  # fsync 1-3 and rename 1 each leave one
+    # Every kill before the new step's directory is renamed into place leaves it: the
+    # writes of state.pt and the manifest, fsync 1-3 and rename 1 itself.
+    before_rename = [("write", 1), ("write", 5), ("write", 10), ("fsync", 1), ("fsync", 2),
+                     ("fsync", 3), (RENAMES, 1)]
+    assert [case for case in before_rename if not outcomes[case][2]] == []
     assert all(not after for _, _, _, after in outcomes.values())
 
 

@@ -1,10 +1,12 @@
 """Save one checkpoint of a model whose weights all equal STEP, as an MPI singleton.
 
-    python save_once.py DIR STEP [pause]
+    python save_once.py DIR STEP [pause|ready]
 
 Used under strace to kill the writer at chosen system calls. With ``pause``, the save
 stops in the middle of writing its state, says "paused", and goes on when a line
-arrives on stdin: a save in progress, for a reader beside it.
+arrives on stdin: a save in progress, for a reader beside it. With ``ready``, the writer
+says "ready" once MPI is up and saves when a line arrives: strace attaches meanwhile, so
+that its count of system calls starts at the save, not in MPI's start-up.
 """
 
 import collections
@@ -42,4 +44,7 @@ with torch.no_grad():
     for p in model.parameters():
         p.fill_(step)
 extra = {"pause": _Pause()} if sys.argv[3:] == ["pause"] else None
+if sys.argv[3:] == ["ready"]:
+    print("ready", flush=True)
+    sys.stdin.readline()
 checkpoint.save(directory, model, step=step, extra=extra, comm=MPI.COMM_SELF)
