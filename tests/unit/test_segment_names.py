@@ -1,64 +1,82 @@
 """Which shared-memory names a process removes from /dev/shm: at an abort, every MPI
 library's job segment that it maps (MPICH's node segment, Open MPI's sm segment, UCX's
 and Intel MPI's), never a file it does not map or another program's; in init(), only
-MPICH's node segment (Open MPI's ranks attach to each other's segments lazily)."""
+MPICH's node segment (Open MPI's ranks attach to each other's segments lazily).
 
-import mmap
-import os
+Each case runs in a process of its own without MPI, which maps the files it is given:
+the test's own process may have MPI started, and its segments are not the test's."""
+
+import json
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
-from hpcddp.comm.startup import JOB_SEGMENTS, unlink_mapped_segments
-
 SHM = Path("/dev/shm")
 pytestmark = pytest.mark.skipif(not SHM.is_dir(), reason="needs /dev/shm")
 
+_MAPPER = r"""
+import json, mmap, sys
+from hpcddp.comm.startup import JOB_SEGMENTS, MPICH_SEGMENT, unlink_mapped_segments
+pattern, names = sys.argv[1], sys.argv[2:]
+maps = []
+for name in names:
+    with open(name, "rb+") as f:
+        maps.append(mmap.mmap(f.fileno(), 4096))
+print(json.dumps(unlink_mapped_segments(pattern={"all": JOB_SEGMENTS,
+                                                 "mpich": MPICH_SEGMENT}[pattern])))
+"""
+
 
 @pytest.fixture
-def mapped():
-    """Make files in /dev/shm under the names given, map each into this process; the
-    names that are still there at the end are removed."""
-    maps, made = [], []
+def shm_files():
+    """Make 4 KiB files in /dev/shm under the names given; removed at the end."""
+    made = []
 
-    def make(name, map_it=True):
-        path = SHM / name
-        with open(path, "wb+") as f:
-            f.truncate(4096)
-            if map_it:
-                maps.append(mmap.mmap(f.fileno(), 4096))
-        made.append(path)
-        return path
+    def make(*names):
+        for name in names:
+            path = SHM / name
+            path.write_bytes(bytes(4096))
+            made.append(path)
+        return [str(SHM / name) for name in names]
 
     yield make
-    for m in maps:
-        m.close()
     for path in made:
         path.unlink(missing_ok=True)
 
 
-def test_an_abort_removes_every_mpi_library_segment_it_maps_and_nothing_else(mapped):
+def _unlink_in_a_process_mapping(pattern, mapped):
+    done = subprocess.run([sys.executable, "-c", _MAPPER, pattern, *mapped],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_an_abort_removes_every_mpi_library_segment_it_maps_and_nothing_else(shm_files):
     tag = uuid.uuid4().hex[:8]
-    libraries = [mapped(f"mpich_shm_{tag}_0"), mapped(f"sm_segment.node1.0.{tag}.1"),
-                 mapped(f"ucx_shm_posix_{tag}"), mapped(f"Intel_MPI_{tag}")]
-    others = [mapped(f"hpcddp-test-{tag}"), mapped(f"psm2_shm.{tag}"),
-              mapped(f"sm_segment.node1.0.{tag}.2", map_it=False)]  # a peer's, not mapped
-    removed = unlink_mapped_segments(pattern=JOB_SEGMENTS)
-    assert sorted(removed) == sorted(map(str, libraries))
-    assert not any(path.exists() for path in libraries)
-    assert all(path.exists() for path in others)
+    libraries = shm_files(f"mpich_shm_{tag}_0", f"sm_segment.node1.0.{tag}.1",
+                          f"ucx_shm_posix_{tag}", f"Intel_MPI_{tag}")
+    others = shm_files(f"hpcddp-test-{tag}", f"psm2_shm.{tag}")
+    unmapped = shm_files(f"sm_segment.node1.0.{tag}.2")  # a peer's: this process never maps it
+    removed = _unlink_in_a_process_mapping("all", libraries + others)
+    assert sorted(removed) == sorted(libraries)
+    assert not any(Path(name).exists() for name in libraries)
+    assert all(Path(name).exists() for name in others + unmapped)
 
 
-def test_init_removes_only_mpich_node_segment(mapped):
+def test_init_removes_only_mpich_node_segment(shm_files):
     tag = uuid.uuid4().hex[:8]
-    node = mapped(f"mpich_shm_{tag}_3")
-    kept = [mapped(f"sm_segment.node1.0.{tag}.0"), mapped(f"ucx_shm_posix_{tag}")]
-    assert unlink_mapped_segments() == [str(node)]
-    assert not node.exists() and all(path.exists() for path in kept)
+    node = shm_files(f"mpich_shm_{tag}_3")
+    kept = shm_files(f"sm_segment.node1.0.{tag}.0", f"ucx_shm_posix_{tag}")
+    assert _unlink_in_a_process_mapping("mpich", node + kept) == node
+    assert not Path(node[0]).exists() and all(Path(name).exists() for name in kept)
 
 
-def test_an_unreadable_map_removes_nothing(mapped, tmp_path):
-    path = mapped(f"mpich_shm_{uuid.uuid4().hex[:8]}_0")
-    assert unlink_mapped_segments(str(tmp_path / "no-such-maps")) == []
-    assert path.exists() and os.path.getsize(path) == 4096
+def test_an_unreadable_map_removes_nothing(shm_files, tmp_path):
+    from hpcddp.comm.startup import JOB_SEGMENTS, unlink_mapped_segments
+
+    path = Path(shm_files(f"mpich_shm_{uuid.uuid4().hex[:8]}_0")[0])
+    assert unlink_mapped_segments(str(tmp_path / "no-such-maps"), JOB_SEGMENTS) == []
+    assert path.exists()
