@@ -20,9 +20,11 @@ from hpcddp.comm.lifetime import Closable, free_comm
 from hpcddp.comm.mpi_library import library_version_line
 from hpcddp.comm.ranks import by_value, ranks_text
 from hpcddp.comm.serial import serialize
+from hpcddp.comm.startup import JOB_SEGMENTS, unlink_mapped_segments
 from hpcddp.comm.threads import thread_level_name
 from hpcddp.comm.topology import clone_comm, forget_segment_names, node_layout
-from hpcddp.env import ConfigError, check_not_singleton, detect_launcher, get_setting
+from hpcddp.env import (ConfigError, SingletonLaunchError, check_not_singleton, detect_launcher,
+                        get_setting)
 from hpcddp.env.threads import choose_threads, torch_default
 from hpcddp.transport import policy
 
@@ -160,7 +162,13 @@ class World(Closable):
 
     def __init__(self, comm=None, timeout: Optional[float] = None):
         parent = serialize(MPI.COMM_WORLD if comm is None else comm)
-        check_not_singleton(serialize(MPI.COMM_WORLD).size)
+        try:
+            check_not_singleton(serialize(MPI.COMM_WORLD).size)
+        except SingletonLaunchError:
+            # Refused, this process is still MPI's singleton, whose segments no other
+            # process can attach to (Open MPI 5 leaves its own even after MPI_Finalize).
+            unlink_mapped_segments(pattern=JOB_SEGMENTS)
+            raise
         self.parent = parent
         self.comm = clone_comm(parent, timeout=timeout, what="hpcddp.init()")
         activity.set_reference(self.comm)  # reports name ranks of this world

@@ -85,11 +85,17 @@ def test_serial_command_inside_a_multitask_allocation_runs(run_job):
 def test_a_singleton_leaves_no_shared_memory_behind(run_job):
     """``python train.py`` without a launcher: MPI starts as a singleton. Open MPI 5's
     leaves its 16 MiB segment in /dev/shm even after MPI_Finalize (only its launcher's
-    daemon removes it); init() removes the names a rank alone on its node maps."""
+    daemon removes it); init() removes the names a rank alone on its node maps, a
+    singleton it refuses removes them, and so does an abort."""
     before = job_segments()
     for _ in range(2):
         job = run_job(["tests/jobs/scripts/show_world.py"], timeout=60)
         assert job.returncode == 0 and "rank=0 size=1" in job.stdout, job.output[-2000:]
+    # Singletons refused inside a Slurm step of 4 tasks (srun without --mpi): a script,
+    # whose error aborts it, and the doctor, which catches the error and exits.
+    for argv in (["tests/jobs/scripts/show_world.py"], ["-m", "hpcddp", "doctor"]):
+        job = run_job(argv, env={"SLURM_STEP_NUM_TASKS": "4"}, timeout=60)
+        assert job.returncode != 0 and "srun --mpi=pmi2" in job.stderr, job.output[-2000:]
     assert job_segments() - before == set()
 
 
