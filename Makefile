@@ -139,7 +139,8 @@ test-mpis: $(addprefix test-mpi-,$(MPI_FLAVOURS))
 MPIS_RANKS ?= 2
 FLAVOUR_RING ?=
 test-mpi-%: .venv-%/.hpcddp-installed
-	.venv-$*/bin/python -c "from hpcddp.comm.mpi_library import library_version_line as v; print(v())"
+	.venv-$*/bin/python -c "import mpi4py; mpi4py.rc(initialize=False); \
+	  from hpcddp.comm.mpi_library import library_version_line as v; print(v())"
 	for n in $(MPIS_RANKS); do \
 	  $(MPI_TIMEOUT) $(FLAVOUR_MPIEXEC_$*) -n $$n .venv-$*/bin/python -m pytest -p hpcddp.testing tests/mpi \
 	    || exit 1; done
