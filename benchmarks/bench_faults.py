@@ -71,12 +71,13 @@ class Job:
     """``mpiexec`` on the cluster, its merged output read line by line in a thread."""
 
     started = []  # every job's launcher, killed if the soak is stopped
+    launcher_args = []  # --launcher-args: after the launcher's name, before its others
 
     def __init__(self, cluster, layout, argv, env, flavour="mpich"):
         nodes, per_node = layout
         python = ROOT / FLAVOUR_VENVS[flavour] / "bin" / "python"
-        command = [*cluster.launch(python, per_node, cluster.nodes[:nodes], flavour),
-                   str(SCRIPT), *map(str, argv)]
+        launch = cluster.launch(python, per_node, cluster.nodes[:nodes], flavour)
+        command = [launch[0], *Job.launcher_args, *launch[1:], str(SCRIPT), *map(str, argv)]
         base = dict(clean_environment(os.environ), **env)
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, cwd=ROOT,
@@ -308,6 +309,9 @@ def main():
     parser.add_argument("--level", default="multiple", help="MPI4PY_RC_THREAD_LEVEL")
     parser.add_argument("--flavour", default="mpich", choices=sorted(FLAVOUR_VENVS),
                         help="the MPI: its virtual environment's Python and launcher")
+    parser.add_argument("--launcher-args", default="", metavar="ARGS",
+                        help="more arguments for the launcher, e.g. '--with-ft ulfm' (Open "
+                             "MPI's process fault tolerance); kept in each run's record")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--name", default=None, help="results/<name>.json")
     parser.add_argument("--out", default=None, metavar="JSON",
@@ -336,6 +340,7 @@ def main():
             raise SystemExit(f"{out} holds a soak of {held[0]} at {held[1]} under {held[2]}, "
                              f"not {args.layout} at {args.level} under {args.flavour}: "
                              f"name another file (--name)")
+    Job.launcher_args = args.launcher_args.split()
     rng = random.Random(args.seed)
     commit = _commit()
     # A soak started in the background ignores SIGINT; either signal removes its cluster.
@@ -350,6 +355,8 @@ def main():
             record = one_run(cluster, layout, kind, args.level, workdir, reference, rng,
                              args.flavour)
             record["commit"] = commit
+            if Job.launcher_args:
+                record["launcher_args"] = args.launcher_args
             data["runs"].append(record)
             print(json.dumps(record), flush=True)
             _write(out, data)  # every run kept, should the soak be stopped

@@ -103,13 +103,30 @@ def _exit_later(seconds: float) -> None:
     faulthandler.dump_traceback_later(seconds, exit=True, file=sink)
 
 
-def install_abort_hook(comm) -> None:
+def _dead_peers(exc):
+    """Where MPI knows of dead ranks (ULFM, ``hpcddp.comm.failed``) and ``exc`` is its
+    error: the headline naming them and their nodes, and the report's facts; else None."""
+    from hpcddp.comm.failed import failed_nodes, failed_ranks
+    from hpcddp.comm.report import ranks_said
+
+    ranks = failed_ranks(_installed["comm"], exc, timeout=ABORT_LOCK_SECONDS)
+    if not ranks:
+        return None
+    nodes = failed_nodes(ranks, _installed.get("hosts") or [])
+    said = "; ".join(f"{ranks_said(n['ranks'])} on node {n['node']}" for n in nodes)
+    return (f"MPI reports {said} dead ({exc.Get_error_string()}); aborting all ranks",
+            {"kind": "process_failed", "failed_ranks": ranks, "failed_nodes": nodes})
+
+
+def install_abort_hook(comm, hosts=None) -> None:
     """Abort the whole job on an uncaught exception in any thread of this rank.
 
     Idempotent. ``HPCDDP_ABORT_ON_ERROR=0`` keeps Python's default behaviour (the
-    caller checks the setting).
+    caller checks the setting). ``hosts``: each rank's node, to name the nodes of ranks
+    MPI reports dead.
     """
     _installed["comm"] = comm
+    _installed["hosts"] = hosts
     if _installed.get("hooked"):
         return
     _installed["hooked"] = True
@@ -124,6 +141,9 @@ def install_abort_hook(comm) -> None:
                 f" at {where.filename}:{where.lineno}" if where else "") + "; ending the job",
                 code=130, facts={"kind": "interrupted", "where": (
                     f"{where.filename}:{where.lineno}" if where else None)})
+        dead = _dead_peers(exc)
+        if dead:
+            abort_job(_installed["comm"], dead[0], (exc_type, exc, tb), facts=dead[1])
         abort_job(_installed["comm"], "uncaught exception; aborting all ranks "
                   "(HPCDDP_ABORT_ON_ERROR=0 turns this off)", (exc_type, exc, tb),
                   facts={"kind": "exception"})
@@ -131,6 +151,10 @@ def install_abort_hook(comm) -> None:
     def _thread_hook(args):
         if _installed.get("comm") is None or args.exc_type is SystemExit:
             return previous_thread(args)
+        dead = _dead_peers(args.exc_value)
+        if dead:
+            abort_job(_installed["comm"], dead[0], (args.exc_type, args.exc_value,
+                      args.exc_traceback), facts=dict(dead[1], thread=args.thread.name))
         abort_job(_installed["comm"], f"uncaught exception in thread {args.thread.name!r}; "
                   "aborting all ranks", (args.exc_type, args.exc_value, args.exc_traceback),
                   facts={"kind": "exception", "thread": args.thread.name})

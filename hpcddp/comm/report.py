@@ -8,6 +8,9 @@ dashboard. The fields:
 
 - ``rank``, ``size``, ``host``, ``message`` (the headline), ``code`` (the exit status);
 - ``kind``: ``exception`` (uncaught, with ``thread`` where not the main one),
+  ``process_failed`` (an MPI error where the MPI knows ranks died, ULFM's
+  ``hpcddp.comm.failed``: ``failed_ranks``, and ``failed_nodes`` with ``node`` and
+  ``ranks``),
   ``interrupted`` (Ctrl-C), ``wait`` (the watchdog: a wait that cannot complete),
   ``startup`` (ranks missing at ``init()``), ``test`` (a failed test under
   ``hpcddp.testing``);

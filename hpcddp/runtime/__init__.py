@@ -125,7 +125,7 @@ def init(comm=None, *, torch_group: Optional[bool] = None,
     # After torch's group: torch wraps sys.excepthook at init_process_group and buffers
     # what the hook it wraps prints, which an abort inside it would lose.
     if get_setting("ABORT_ON_ERROR"):
-        install_abort_hook(_WORLD.comm)
+        install_abort_hook(_WORLD.comm, _WORLD.hosts)
     connect_timeline()
     trace = timeline if timeline is not None else get_setting("TIMELINE")
     if trace:

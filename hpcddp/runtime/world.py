@@ -182,6 +182,7 @@ class World(Closable):
         self.node_rank, self.num_nodes = layout.node_rank, layout.num_nodes
         self.is_main = self.rank == 0
         self.hostname = socket.gethostname()
+        self.hosts = self.comm.allgather(self.hostname)  # each rank's node, for reports
         self.launcher = detect_launcher().describe()
         self.device = _bind_device(self.local_comm)
         cores, self.oversubscribed = _cpus_for_rank(self.local_comm, self.comm)

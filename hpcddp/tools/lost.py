@@ -14,10 +14,13 @@ and prints the nodes to leave out, one line, comma-separated, as ``srun --exclud
   says so in later lines;
 - hpcddp's watchdog found every rank on it silent (its ranks alive behind a link
   that no longer carries them), or slow to answer while they wait (a link that carries
-  almost nothing): the ``silent_nodes`` and ``slow_nodes`` of the ``wait`` reports. Both sides
-  of a failed link see the other silent, so each report is one vote and a node is lost
-  where the reports of more nodes name it than name any other; between two nodes the
-  side of rank 0 (where the launcher's output is) decides.
+  almost nothing): the ``silent_nodes`` and ``slow_nodes`` of the ``wait`` reports.
+  Both sides of a failed link see the other silent, so each report is one vote and a
+  node is lost where the reports of more nodes name it than name any other; between two
+  nodes the side of rank 0 (where the launcher's output is) decides;
+- under an MPI with process fault tolerance (ULFM, as Open MPI's
+  ``mpirun --with-ft ulfm``), MPI told the other ranks that its ranks died: the
+  ``failed_nodes`` of the ``process_failed`` reports, which vote likewise.
 
 The watchdog's verdict comes first: after its abort the launcher ends healthy ranks and
 may say it killed them, so only what the launcher said before any abort of hpcddp's
@@ -41,6 +44,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional
 
 from hpcddp.cli import command_parser
+from hpcddp.comm.report import ranks_said
 
 __all__ = ["LOST_EXIT", "from_launcher", "from_reports", "lost_nodes", "main"]
 
@@ -100,15 +104,24 @@ def _reports(folder) -> List[dict]:
     return found
 
 
+def _named_nodes(report: dict) -> set:
+    """The nodes one report blames: a ``wait`` report's silent and slow nodes, a
+    ``process_failed`` report's nodes of ranks MPI knows to be dead."""
+    if report.get("kind") == "process_failed":
+        return {n["node"] for n in report.get("failed_nodes") or []}
+    return {n["node"] for n in (report.get("silent_nodes") or [])
+            + (report.get("slow_nodes") or [])}
+
+
 def from_reports(reports: Iterable[dict]) -> Optional[Dict[str, str]]:
-    """The node the watchdog's ``wait`` reports find silent, by the reporting nodes'
-    votes (see the module's text); None where no report names one."""
+    """The node the watchdog's ``wait`` reports find silent, or MPI's ``process_failed``
+    reports dead (ULFM, ``hpcddp.comm.failed``), by the reporting nodes' votes (see the
+    module's text); None where no report names one."""
     votes: Counter = Counter()
     home_said = None
-    reports = [r for r in reports if r.get("kind") == "wait"]
+    reports = [r for r in reports if r.get("kind") in ("wait", "process_failed")]
     for report in sorted(reports, key=lambda r: r.get("rank", 0)):
-        named = {n["node"] for n in (report.get("silent_nodes") or [])
-                 + (report.get("slow_nodes") or [])}
+        named = _named_nodes(report)
         for node in named:
             votes[(report.get("host"), node)] = 1
         if home_said is None and named:
@@ -119,10 +132,16 @@ def from_reports(reports: Iterable[dict]) -> Optional[Dict[str, str]]:
     ranked = by_node.most_common()
     top = [node for node, count in ranked if count == ranked[0][1]]
     node = top[0] if len(top) == 1 else next((n for n in home_said or [] if n in top), top[0])
-    reporters = sorted({host for host, n in votes if n == node})
+    reporters = ", ".join(sorted({host for host, n in votes if n == node}))
+    dead = sorted({r for report in reports if report.get("kind") == "process_failed"
+                   for n in report.get("failed_nodes") or [] if n["node"] == node
+                   for r in n["ranks"]})
+    if dead:
+        return {"node": node, "why": f"{ranks_said(dead)} on it dead, as MPI told ranks on "
+                                     f"{reporters}"}
     slow = any(n["node"] == node for report in reports for n in report.get("slow_nodes") or [])
     return {"node": node, "why": f"every rank on it {'slow to answer' if slow else 'silent'} "
-                                 f"to hpcddp's watchdog on {', '.join(reporters)}"}
+                                 f"to hpcddp's watchdog on {reporters}"}
 
 
 def lost_nodes(reports_folder=None, log_text: str = "") -> List[Dict[str, str]]:

@@ -9,10 +9,12 @@ tests/unit/test_report_words.py.
 
 import os
 import re
+import sys
 
 import pytest
-from jobs_util import job_sizes, launcher_kind, mpich_segments, segments_left_since
-from reports import read_reports, the_report
+from jobs_util import (ROOT, job_sizes, launcher_kind, mpi_flavour, mpich_segments, mpiexec,
+                       run_command, segments_left_since)
+from reports import read_reports, reports_said, the_report
 
 SIZES = job_sizes()  # 2 and 3 ranks; 2 under the other MPIs and at SERIALIZED
 
@@ -154,6 +156,28 @@ def test_rank_killed_mid_step_ends_the_job(run_job, n, tmp_path):
     # Every rank died without MPI_Finalize: the MPI's named segment is gone all the same.
     assert "segments before init: " in job.stdout, job.output
     assert _left_behind(job) == [], job.output
+
+
+@pytest.mark.skipif(mpi_flavour() != "openmpi", reason="process fault tolerance (ULFM) is "
+                    "Open MPI's (mpirun --with-ft ulfm); under MPICH and Intel MPI the "
+                    "launcher names a killed rank (the test above)")
+def test_under_ulfm_the_survivors_name_the_killed_rank_and_its_node(tmp_path):
+    """With Open MPI's process fault tolerance on, MPI tells the survivors that rank 1
+    died instead of ending them: each names it, and its node, and the job ends."""
+    command = [*mpiexec(), "--with-ft", "ulfm", "-n", "3", sys.executable,
+               "tests/jobs/scripts/stuck.py", "sigkill"]
+    job = run_command(command, env=dict(ENV, HPCDDP_REPORT_DIR=str(tmp_path)), timeout=90,
+                      cwd=ROOT)
+    assert not job.timed_out, job.output[-3000:]
+    _failed_within(job, QUICK)
+    reports = read_reports(tmp_path)
+    assert reports and set(reports) <= {0, 2}, reports_said(tmp_path) + job.output[-3000:]
+    for report in reports.values():
+        assert report["kind"] == "process_failed", reports_said(tmp_path)
+        assert report["failed_ranks"] == [1]
+        assert report["failed_nodes"] == [{"node": report["host"], "ranks": [1]}]
+        _said(job, report)
+        assert f"MPI reports rank 1 on node {report['host']} dead" in report["message"]
 
 
 @pytest.mark.parametrize("n", SIZES)

@@ -113,3 +113,31 @@ def test_a_node_slow_to_answer_is_lost_and_said_so():
               "slow_nodes": [{"node": "n3", "ranks": [2], "seconds": 2.9}]}
     assert from_reports(iter([report])) == \
         {"node": "n3", "why": "every rank on it slow to answer to hpcddp's watchdog on n1"}
+
+
+def _dead(rank, host, dead):
+    """A survivor's report under ULFM: MPI told it ``dead`` ({node: ranks}) died."""
+    return {"kind": "process_failed", "rank": rank, "host": host,
+            "failed_ranks": sorted(r for ranks in dead.values() for r in ranks),
+            "failed_nodes": [{"node": n, "ranks": r} for n, r in dead.items()]}
+
+
+def test_ranks_mpi_reports_dead_name_their_node(tmp_path):
+    """Under Open MPI's ULFM the survivors' reports name the dead ranks' node, before
+    the launcher's line about a healthy rank it ended after hpcddp's abort (the reports
+    are real ones: tests/jobs/test_hangs.py writes them)."""
+    reports = [_dead(0, "n1", {"n2": [2, 3]}), _dead(1, "n1", {"n2": [2, 3]})]
+    assert from_reports(reports) == \
+        {"node": "n2", "why": "ranks 2,3 on it dead, as MPI told ranks on n1"}
+    for report in reports:
+        (tmp_path / f"hpcddp-report-rank{report['rank']}.json").write_text(json.dumps(report))
+    log = tmp_path / "job.out"
+    log.write_text("hpcddp: rank 0 of 4 on n1: MPI reports ranks 2,3 on node n2 dead "
+                   "(MPI_ERR_PROC_FAILED: Process Failure); aborting all ranks\n"
+                   "prterun noticed that process rank 1 with PID 9 on node n1 exited on\n"
+                   "signal 9 (Killed).\n")
+    done = _lost("--reports", str(tmp_path), "--log", str(log))
+    assert (done.returncode, done.stdout) == (0, "n2\n"), done.stderr
+    # A rank that knows of no dead peer writes no process_failed report: an exception
+    # names no node, whatever the launcher says after hpcddp's abort.
+    assert from_reports([{"kind": "exception", "rank": 0, "host": "n1"}]) is None
