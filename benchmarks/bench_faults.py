@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 
 from hpcddp.env import clean_environment
+from hpcddp.tools.lost import from_launcher
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository's tools/
@@ -171,7 +172,7 @@ def _named(kind, text, victim, rank, ranks):
     # The watchdog names the node and its ranks; a launcher, the node of a killed rank
     # (hydra: RUNNING AT, prterun: on node).
     return (victim in text and ranks in text or f"RUNNING AT {victim}" in text
-            or f"on node {victim}" in text)
+            or f"on node {victim}" in text or (from_launcher(text) or {}).get("node") == victim)
 
 
 def one_run(cluster, layout, kind, level, workdir, reference, rng, flavour="mpich"):

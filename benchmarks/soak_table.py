@@ -84,6 +84,8 @@ def table(files, since=None):
         raise SystemExit(f"these files hold different soaks: {sorted(held)}")
     kinds = [k for k in NAMES if any(r["kind"] == k for r in runs)]
     layout, level, flavour = held.pop()
+    launched = sorted({r["launcher_args"] for r in runs if r.get("launcher_args")})
+    flavour += "".join(f" ({args})" for args in launched)
     title = f"{layout}, {level}, {flavour}: {len(runs)} runs" + (
         f" since {since}" if since else "")
     return "\n".join([title, "", HEADER] + [

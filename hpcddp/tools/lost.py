@@ -9,7 +9,8 @@ and prints the nodes to leave out, one line, comma-separated, as ``srun --exclud
 - the launcher saw a process on it die of a signal (the ranks killed, a GPU fault, the
   out-of-memory killer): srun's ``srun: error: NODE: task N: Killed``, MPICH's and Intel
   MPI's hydra ``RUNNING AT NODE ... EXIT CODE: 9`` / ``KILLED BY SIGNAL``, Open MPI's
-  ``on node NODE exited on signal N``, or its launcher losing the node's daemon. The
+  ``on node NODE exited on signal N``, or its launcher losing the node's daemon
+  (``Remote daemon: ... on node NODE``, ``Remote host: NODE``). The
   first such line names the node: the launcher kills the other ranks after it, and
   says so in later lines;
 - hpcddp's watchdog found every rank on it silent (its ranks alive behind a link
@@ -65,8 +66,11 @@ _LAUNCHER_LINES = [
                rf"|KILLED BY SIGNAL: .*)|EXIT CODE: .*)"),
     # Open MPI: "... rank 2 with PID 123 on node n2 exited on signal 9 (Killed)."
     re.compile(rf"on node {_NODE} (?P<death>exited on\s+signal \d+.*)"),
-    # Open MPI's prterun, its daemon on the node gone: "Remote daemon: [...] on node n2"
+    # Open MPI's prterun, its daemon on the node gone: "Remote daemon: [...] on node n2",
+    # or "A daemon failed to report back ..." then "  Remote host:   n2".
     re.compile(rf"(?P<death>Remote daemon:[^\n]* on node) {_NODE}"),
+    re.compile(rf"(?P<death>A daemon failed to report back)[\s\S]{{0,600}}?"
+               rf"Remote host:[ \t]+{_NODE}"),
 ]
 
 

@@ -23,6 +23,12 @@ DEATHS = {
                "  HNP daemon   : [prterun-n1-1@0,0] on node n1\n"
                "  Remote daemon: [prterun-n1-1@0,1] on node n2\n",
     "srun, a segfault": "srun: error: n2: task 2: Segmentation fault (core dumped)\n",
+    "prterun, a daemon gone": (
+        "A daemon failed to report back after being spawned. This could\nbe due to several "
+        "factors, including inability to find the\ndaemon executable, or the executable was "
+        "unable to find its\nrequired supporting libraries. In some cases, the daemon was\n"
+        "able to execute, but was unable to complete a TCP connection\nback to prterun:\n\n"
+        "  Local host:    n1\n  Remote host:   n2\n  Daemon exit status: 137\n"),
 }
 # A rank that exits (hpcddp's abort, a Python error) blames no node, though the launcher
 # then kills the others and says so.
