@@ -27,6 +27,7 @@ __all__ = ["abort_job", "install_abort_hook", "install_early_hook", "uninstall_a
            "ABORT_EXIT_SECONDS"]
 
 _installed = {}
+_ONE_REPORT = threading.Lock()  # taken for good by the rank's report of dead ranks
 
 # How long MPI_Abort may take before this process ends itself. MPI_Abort can block for
 # ever: a node whose link is down cannot reach the launcher, and a rank there spins in
@@ -37,6 +38,9 @@ ABORT_EXIT_SECONDS = 5.0
 LAUNCHER_GRACE_SECONDS = 10.0
 # How long an abort waits for hpcddp's MPI thread to take it (hpcddp.comm.serial).
 ABORT_LOCK_SECONDS = 2.0
+# How long a rank that MPI told of dead ranks (ULFM) waits before it names them: an abort
+# by one of them ends the job meanwhile, leaving that rank's report the only one.
+DEAD_PEER_GRACE_SECONDS = 2.0
 
 
 def abort_job(comm, message: str, exc_info=None, code: int = 1, detail: str = "",
@@ -112,6 +116,14 @@ def _dead_peers(exc):
     ranks = failed_ranks(_installed["comm"], exc, timeout=ABORT_LOCK_SECONDS)
     if not ranks:
         return None
+    # One report a rank: its main thread and hpcddp's MPI thread both meet the error, and
+    # the first ends the process (a second waits here until then).
+    _ONE_REPORT.acquire()
+    # A rank that aborted the job (the watchdog's verdict, an exception) is dead to MPI
+    # too, and its report says why: the launcher ends this rank meanwhile. A node that
+    # died leaves this rank alive, and by then MPI knows more of that node's ranks.
+    time.sleep(DEAD_PEER_GRACE_SECONDS)
+    ranks = failed_ranks(_installed["comm"], exc, timeout=ABORT_LOCK_SECONDS) or ranks
     nodes = failed_nodes(ranks, _installed.get("hosts") or [])
     said = "; ".join(f"{ranks_said(n['ranks'])} on node {n['node']}" for n in nodes)
     return (f"MPI reports {said} dead ({exc.Get_error_string()}); aborting all ranks",

@@ -108,11 +108,14 @@ def _reports(folder) -> List[dict]:
     return found
 
 
-def _named_nodes(report: dict) -> set:
+def _named_nodes(report: dict, alive: set) -> set:
     """The nodes one report blames: a ``wait`` report's silent and slow nodes, a
-    ``process_failed`` report's nodes of ranks MPI knows to be dead."""
+    ``process_failed`` report's nodes of ranks MPI knows to be dead, but for a node whose
+    dead ranks include one that wrote a report (``alive``): that rank ended the job
+    itself (its abort is a death to MPI), and its report says why."""
     if report.get("kind") == "process_failed":
-        return {n["node"] for n in report.get("failed_nodes") or []}
+        return {n["node"] for n in report.get("failed_nodes") or []
+                if not alive.intersection(n["ranks"])}
     return {n["node"] for n in (report.get("silent_nodes") or [])
             + (report.get("slow_nodes") or [])}
 
@@ -123,9 +126,11 @@ def from_reports(reports: Iterable[dict]) -> Optional[Dict[str, str]]:
     module's text); None where no report names one."""
     votes: Counter = Counter()
     home_said = None
+    reports = list(reports)
+    alive = {r.get("rank") for r in reports}
     reports = [r for r in reports if r.get("kind") in ("wait", "process_failed")]
     for report in sorted(reports, key=lambda r: r.get("rank", 0)):
-        named = _named_nodes(report)
+        named = _named_nodes(report, alive)
         for node in named:
             votes[(report.get("host"), node)] = 1
         if home_said is None and named:
@@ -139,7 +144,7 @@ def from_reports(reports: Iterable[dict]) -> Optional[Dict[str, str]]:
     reporters = ", ".join(sorted({host for host, n in votes if n == node}))
     dead = sorted({r for report in reports if report.get("kind") == "process_failed"
                    for n in report.get("failed_nodes") or [] if n["node"] == node
-                   for r in n["ranks"]})
+                   and not alive.intersection(n["ranks"]) for r in n["ranks"]})
     if dead:
         return {"node": node, "why": f"{ranks_said(dead)} on it dead, as MPI told ranks on "
                                      f"{reporters}"}

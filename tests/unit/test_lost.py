@@ -147,3 +147,9 @@ def test_ranks_mpi_reports_dead_name_their_node(tmp_path):
     # A rank that knows of no dead peer writes no process_failed report: an exception
     # names no node, whatever the launcher says after hpcddp's abort.
     assert from_reports([{"kind": "exception", "rank": 0, "host": "n1"}]) is None
+    # Rank 0 ended the job itself (the watchdog's verdict on a rank stuck in user code):
+    # to MPI it is dead too, and a survivor may say so before the launcher ends it. Its
+    # own report shows it was alive: no node is lost.
+    stuck = {"kind": "wait", "rank": 0, "host": "n1", "silent_nodes": [], "slow_nodes": []}
+    assert from_reports([stuck, _dead(2, "n2", {"n1": [0]})]) is None
+
