@@ -21,7 +21,6 @@ MPI call it makes is ``MPI_Abort``.
 """
 
 import atexit
-import socket
 import sys
 import threading
 import time
@@ -55,16 +54,17 @@ class Watchdog(Closable):
         comm: the hpcddp world's communicator; the watchdog duplicates it.
         timeout: seconds a wait may last before the job ends; 0: never.
         stall_warn: seconds after which a wait is reported once; 0: never.
+        hosts: each rank's node (``World.hosts``).
 
     .. warning:: Construction and ``close()`` are collective.
     """
 
     _what = "hpcddp watchdog"
 
-    def __init__(self, comm, timeout: float, stall_warn: float):
+    def __init__(self, comm, timeout: float, stall_warn: float, hosts: List[str]):
         self.comm = clone_comm(comm, "hpcddp.watchdog")
         self.rank, self.size = self.comm.rank, self.comm.size
-        self.hosts = self.comm.allgather(socket.gethostname())  # to name a silent node
+        self.hosts = list(hosts)  # to name a silent node
         self.timeout, self.stall_warn = timeout, stall_warn
         self.threaded = MPI.Query_thread() >= MPI.THREAD_SERIALIZED  # the MPI thread's
         limits = [s for s in (timeout, stall_warn) if s > 0]

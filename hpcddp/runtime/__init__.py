@@ -115,7 +115,7 @@ def init(comm=None, *, torch_group: Optional[bool] = None,
         world.close()
         raise
     world.timeout = seconds
-    world.watchdog = Watchdog(world.comm, seconds, get_setting("STALL_WARN"))
+    world.watchdog = Watchdog(world.comm, seconds, get_setting("STALL_WARN"), world.hosts)
     if world.is_main:
         for message in unknown_settings():
             warnings.warn(message, stacklevel=2)
