@@ -10,7 +10,7 @@ STAMP   := $(VENV)/.hpcddp-installed
 MPI_TIMEOUT := timeout -k 10 900
 PYTEST  := $(PY) -m pytest -q
 
-.PHONY: venv tools demo test test-unit test-mpi test-slurm test-more test-jobs-more \
+.PHONY: venv system-packages demo test test-unit test-mpi test-slurm test-more test-jobs-more \
         test-mpi-more test-serialized test-phdf5 \
         test-cluster test-cluster-8 test-torch-suite test-torch-suite-8 test-mpis test-cluster-mpis cluster cluster-down cuda-mpi gpu-check gpu-rehearsal \
         docs clean
@@ -57,7 +57,7 @@ docs: $(DOCS_STAMP)
 # tests/slurm then install in the background while the unit and job tests run (the
 # Slurm tests wait for apt's lock).
 SLURM_PACKAGES := slurmd slurmctld slurm-client munge
-tools:
+system-packages:
 	command -v strace >/dev/null || [ "$$(id -u)" != 0 ] || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace)
 	command -v slurmctld >/dev/null || [ "$$(id -u)" != 0 ] || \
@@ -74,10 +74,10 @@ TIMED_JOBS := tests/jobs/test_hangs.py tests/jobs/test_jobs.py \
 # `serialized` and under each MPI flavour).
 MORE_JOBS := tests/jobs/test_preemption.py tests/jobs/test_hf_trainer.py \
              tests/jobs/test_lightning.py tests/jobs/test_examples.py
-test-unit: venv tools
+test-unit: venv system-packages
 	$(PYTEST) -n 2 --dist loadfile tests/unit tests/jobs $(addprefix --ignore=,$(TIMED_JOBS) $(MORE_JOBS))
 
-test-jobs-more: venv tools
+test-jobs-more: venv system-packages
 	$(PYTEST) -n 2 --dist loadfile $(MORE_JOBS)
 	$(PYTEST) $(TIMED_JOBS)
 
@@ -140,7 +140,7 @@ MPIS_RANKS ?= 2
 FLAVOUR_RING ?=
 test-mpi-%: .venv-%/.hpcddp-installed
 	.venv-$*/bin/python -c "import mpi4py; mpi4py.rc(initialize=False); \
-	  from hpcddp.comm.mpi_library import library_version_line as v; print(v())"
+	  from hpcddp.startup.mpi_library import library_version_line as v; print(v())"
 	for n in $(MPIS_RANKS); do \
 	  $(MPI_TIMEOUT) $(FLAVOUR_MPIEXEC_$*) -n $$n .venv-$*/bin/python -m pytest -p hpcddp.testing tests/mpi \
 	    || exit 1; done
@@ -172,14 +172,14 @@ test-serialized: venv
 
 # An emulated cluster (network namespaces on a bridge, one per node; root only) for trying
 # hpcddp across nodes by hand: `make cluster NODES=2 RATE=1gbit`, then
-# `$(MPIEXEC) $$($(PY) -m tools.testbed args --ranks-per-node 2) $(PY) script.py`.
+# `$(MPIEXEC) $$($(PY) -m testbed args --ranks-per-node 2) $(PY) script.py`.
 NODES ?= 2
 RATE  ?= 1gbit
 cluster: venv
-	$(PY) -m tools.testbed up --nodes $(NODES) --rate $(RATE)
+	$(PY) -m testbed up --nodes $(NODES) --rate $(RATE)
 
 cluster-down: venv
-	$(PY) -m tools.testbed down
+	$(PY) -m testbed down
 
 # A slow target: torch's own distributed test suite on hpcddp, against gloo on the same
 # ranks (tests/torch_suite), at 3 ranks (about 2.5 minutes); `make test-torch-suite
@@ -202,14 +202,18 @@ test-torch-suite-8: venv
 # there), and the plain 2-node Slurm job (the healing tests' uninterrupted job is one);
 # of the healing tests it runs each mode once and each fault once: a spare after the
 # ranks are killed, a successor after a fabric link fails.
+# tests/cluster/test_site_faults.py builds nodes of its own as a site's harness would
+# (tests/cluster/site: no testbed) and faults them under make demo's defaults, the
+# job's output in a regular file (about 1 minute).
 # `make test-cluster CLUSTER_K=` runs them too.
 CLUSTER_K ?= not ring_suite and not (mpi_suite and 3x1) and not (any_source and single) and \
              not ((stuck_rank or link_down_mid) and serialized) and not two_node_job_trains \
              and not without_a_spare_a_successor and not (fabric_link_down and spare)
 test-cluster: venv
 	$(PYTEST) tests/cluster $(if $(CLUSTER_K),-k "$(CLUSTER_K)"); status=$$?; \
-	  $(PY) -m tools.testbed down --name hdtest; $(PY) -m tools.testbed down --name hdfab; \
-	  $(PY) -m tools.testbed down --name hdsoak; exit $$status
+	  $(PY) -m testbed down --name hdtest; $(PY) -m testbed down --name hdfab; \
+	  $(PY) -m testbed down --name hdsoak; tests/cluster/site/site_cluster.sh down hdsite; \
+	  exit $$status
 
 # Not in CI (about 9 minutes here): the cross-node suites (DDP against single-process
 # training, the node-aware reduction and the ring, the loader, checkpoints) on 8 emulated
@@ -220,11 +224,11 @@ test-cluster-8: venv
 	HPCDDP_TEST_CLUSTER_NODES=8 HPCDDP_TEST_CLUSTER_RATE=500mbit \
 	  HPCDDP_TEST_CLUSTER_LAYOUTS=8x1,4x2 \
 	  $(PYTEST) tests/cluster -k "mpi_suite or ring_suite or (stuck_rank and multiple)"; \
-	  status=$$?; $(PY) -m tools.testbed down --name hdtest; exit $$status
+	  status=$$?; $(PY) -m testbed down --name hdtest; exit $$status
 
 # A slow target (CI runs it): the cross-node suites under Open MPI's and Intel MPI's own
 # launchers, started on the emulated nodes through their ssh agents, TCP between nodes
-# (tools/testbed/nodes.py), and slurm/train.sbatch on the emulated Slurm (srun --mpi=pmix
+# (testbed/nodes.py), and slurm/train.sbatch on the emulated Slurm (srun --mpi=pmix
 # for Open MPI, --mpi=pmi2 for Intel MPI). CI runs 2 x 2 ranks (the node-aware reduction),
 # the faults across nodes (tests/cluster/test_faults.py:
 # a node's ranks killed, a node lost, a link down, a link crawling; a stuck rank at MULTIPLE
@@ -232,15 +236,20 @@ test-cluster-8: venv
 # and Slurm's preemption and requeue, for CI's time; `make test-cluster-mpis
 # CLUSTER_MPIS_K=` adds 3 x 1 (MPI's own reduction and the ring), the ring on 2 x 2, the
 # any-source check on 3 nodes, the other thread levels and the other Slurm jobs.
+# Intel MPI leaves out the MPI suite across nodes, for CI's time (about 5 minutes): that
+# suite runs under Intel MPI on one node (`make test-mpis`), and across nodes under MPICH,
+# whose ch4 Intel MPI is built on (`make test-cluster`), and Open MPI (here).
 CLUSTER_MPIS_K ?= (mpi_suite and 2x2) or preemption or test_fault_ends or \
                   (stuck_rank and multiple) or (link_down_mid and serialized)
+CLUSTER_MPIS_K_openmpi ?= $(CLUSTER_MPIS_K)
+CLUSTER_MPIS_K_impi ?= $(if $(findstring mpi_suite,$(CLUSTER_MPIS_K)),(not mpi_suite) and ($(CLUSTER_MPIS_K)),$(CLUSTER_MPIS_K))
 CLUSTER_MPIS_TESTS := tests/cluster/test_across_nodes.py tests/cluster/test_slurm_nodes.py \
                       tests/cluster/test_faults.py
 test-cluster-mpis: $(addprefix test-cluster-mpi-,$(MPI_FLAVOURS))
 test-cluster-mpi-%: .venv-%/.hpcddp-installed
 	MPIEXEC="$(FLAVOUR_MPIEXEC_$*)" .venv-$*/bin/python -m pytest -q -rs $(CLUSTER_MPIS_TESTS) \
-	  $(if $(CLUSTER_MPIS_K),-k "$(CLUSTER_MPIS_K)"); \
-	  status=$$?; $(PY) -m tools.testbed down --name hdtest; exit $$status
+	  $(if $(CLUSTER_MPIS_K_$*),-k "$(CLUSTER_MPIS_K_$*)"); \
+	  status=$$?; $(PY) -m testbed down --name hdtest; exit $$status
 
 # The slow target: h5py built against Debian's parallel HDF5 and MPICH, in its own venv
 # (never mixed with the mpich wheel), for the loader's 'mpio' backend. About 4 minutes
@@ -281,18 +290,18 @@ test-phdf5: $(PHDF5_STAMP)
 # at CUDA_HOME), built here and carried to a GPU machine: build/cuda-mpi.tar.xz.
 # About 5 minutes on 2 cores; not part of `make test`.
 cuda-mpi: venv
-	bash tools/gpu/cuda_mpi.sh
+	bash testbed/gpu/cuda_mpi.sh
 
-# The whole GPU check in one command (tools/gpu/gpu_check.sh: the CUDA-aware MPI from
+# The whole GPU check in one command (testbed/gpu/gpu_check.sh: the CUDA-aware MPI from
 # build/cuda-mpi.tar.xz, the self-test, Open MPI's device Iallreduce, the CUDA tests in
 # every mode, the GPU DDP step), logs under OUT. gpu-rehearsal runs the same steps here,
 # without a GPU, and fails if any step that needs no GPU fails.
 OUT ?= build/gpu-check
 gpu-check:
-	OUT=$(OUT) bash tools/gpu/gpu_check.sh
+	OUT=$(OUT) bash testbed/gpu/gpu_check.sh
 
 gpu-rehearsal: venv
-	GPU_CHECK_REHEARSAL=1 OUT=build/gpu-rehearsal bash tools/gpu/gpu_check.sh; \
+	GPU_CHECK_REHEARSAL=1 OUT=build/gpu-rehearsal bash testbed/gpu/gpu_check.sh; \
 	  ! grep -E '^[a-z_0-9]+ +any +(FAILED|SKIPPED)' build/gpu-rehearsal/summary.txt
 
 clean:

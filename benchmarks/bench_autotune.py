@@ -203,7 +203,7 @@ def _job_argv(args):
 
 
 def drive(args):
-    from tools.testbed import EmulatedCluster
+    from testbed import EmulatedCluster
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
     common = ["-genv", "HPCDDP_NUM_THREADS", "1", "-genv", "OMP_NUM_THREADS", "1"]
     runs = []

@@ -23,8 +23,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import hpcddp
-from hpcddp.comm import timeline
-from hpcddp.timeline import start_timeline
+from hpcddp import timeline
+from hpcddp.timeline.profiler import start_timeline
 from common import make_gloo_group, median_ms, timed, write
 
 
@@ -157,7 +157,7 @@ def bench_model(name, world, gloo, steps, caps, device):
         variants["hpcddp_staged_whole"] = _stepper(whole)
     # hpcddp's ring of point-to-point instead of MPI's Iallreduce (HPCDDP_REDUCE=ring).
     ringed = hpcddp.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=25)
-    ringed.reducer.transport.reductions.use("ring")
+    ringed.reducer.transport.use_reduction("ring")
     variants["hpcddp_ring"] = _stepper(ringed)
     threaded = hpcddp.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=25)
     threaded.reducer.progress_thread = True

@@ -33,7 +33,7 @@ from mpi4py import MPI
 from torch import nn
 
 import hpcddp
-from hpcddp.ddp.bucket import GradBucket
+from hpcddp.ddp.grad_bucket import GradBucket
 from common import median_ms, timed, write
 
 WIDTH, LAYERS, BATCH = 1024, 6, 64

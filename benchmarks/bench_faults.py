@@ -1,7 +1,7 @@
 """The fault soak: faults injected at a random moment while emulated nodes train with no
 pause, each kind many times, and how every run ended.
 
-Run as root (it builds its own emulated cluster, ``tools.testbed``, and removes it):
+Run as root (it builds its own emulated cluster, ``testbed``, and removes it):
 
     python benchmarks/bench_faults.py --layout 2x2 --runs 20
     python benchmarks/bench_faults.py --layout 3x1 --runs 20 --level serialized
@@ -26,7 +26,10 @@ the rank; an end within 1 s with no such line is counted apart: the launcher end
 rank at once and none lived to report), the seconds from fault to end, what was left on
 the nodes (ranks still alive up to ``LINGER`` seconds after the launcher ended, the MPI's
 /dev/shm segments and their bytes), and whether a rerun on the healed cluster resumed to
-the parameters of an uninterrupted run. Under ``--flavour openmpi`` or ``impi`` the jobs
+the parameters of an uninterrupted run, and whether the job's log kept every line (the
+launcher writes to a regular file, as under ``sbatch``, unless ``--output pipe``). The
+MPI's own settings the soak runs with (none: what ``make demo`` installs) are kept in each
+run's record, and ``soak_table.py`` shows them as its configuration. Under ``--flavour openmpi`` or ``impi`` the jobs
 run in that MPI's virtual environment (``make test-mpis`` builds them) and its launcher
 starts them. ``results/faults-<layout>-<level>[-<flavour>].json``, written
 after every run; ``--append`` adds to that file's runs (each names its commit), and
@@ -46,13 +49,13 @@ import threading
 import time
 from pathlib import Path
 
+from hpcddp.commands.lost import from_launcher
 from hpcddp.env import clean_environment
-from hpcddp.tools.lost import from_launcher
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the repository's tools/
-from tools.testbed import EmulatedCluster, network  # noqa: E402
-from tools.testbed.nodes import FLAVOUR_VENVS  # noqa: E402
+sys.path.insert(0, str(ROOT))  # the repository's testbed/
+from testbed import EmulatedCluster, network  # noqa: E402
+from testbed.nodes import FLAVOUR_VENVS  # noqa: E402
 from soak_watch import OthersWatch, cmdline, kernel_faults, rank_pids, segments  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 SCRIPT = ROOT / "tests/cluster/scripts/train_steps.py"
@@ -69,30 +72,54 @@ KINDS = ("ranks_killed", "node_lost", "link_down", "crawl", "frozen", "stuck", "
 
 
 class Job:
-    """``mpiexec`` on the cluster, its merged output read line by line in a thread."""
+    """``mpiexec`` on the cluster, its merged output read line by line in a thread: from
+    a pipe, or (``log``) from the regular file it writes to, as a batch job's log."""
 
     started = []  # every job's launcher, killed if the soak is stopped
     launcher_args = []  # --launcher-args: after the launcher's name, before its others
 
-    def __init__(self, cluster, layout, argv, env, flavour="mpich"):
+    def __init__(self, cluster, layout, argv, env, flavour="mpich", log=None):
         nodes, per_node = layout
         python = ROOT / FLAVOUR_VENVS[flavour] / "bin" / "python"
         launch = cluster.launch(python, per_node, cluster.nodes[:nodes], flavour)
         command = [launch[0], *Job.launcher_args, *launch[1:], str(SCRIPT), *map(str, argv)]
         base = dict(clean_environment(os.environ), **env)
-        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                                     env=cluster.env(base, flavour), start_new_session=True)
+        self.log = log
+        # A file opened as a shell's `> job.log` opens it: written at its own offset.
+        sink = open(log, "w") if log else subprocess.PIPE
+        self.proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT,
+                                     text=True, cwd=ROOT, env=cluster.env(base, flavour),
+                                     start_new_session=True)
+        if log:
+            sink.close()
         Job.started.append(self.proc)
         self.lines, self.seen = [], threading.Event()
-        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader = threading.Thread(target=self._tail if log else self._read, daemon=True)
         self.reader.start()
+
+    def _take(self, line):
+        self.lines.append(line)
+        if line.startswith("step 20"):
+            self.seen.set()
 
     def _read(self):
         for line in self.proc.stdout:
-            self.lines.append(line)
-            if line.startswith("step 20"):
-                self.seen.set()
+            self._take(line)
+
+    def _tail(self):
+        with open(self.log, errors="replace") as f:
+            part = ""
+            while True:
+                ended = self.proc.poll() is not None
+                part += f.read()
+                *whole, part = part.split("\n")
+                for line in whole:
+                    self._take(line + "\n")
+                if ended:
+                    break
+                time.sleep(0.1)
+            if part:
+                self._take(part)
 
     def end(self, timeout):
         """Wait for the job; kill its process group after ``timeout``. (rc, hung)."""
@@ -108,6 +135,8 @@ class Job:
 
     @property
     def text(self):
+        if self.log:  # the file as it ended, whatever became of the lines read meanwhile
+            return Path(self.log).read_text(errors="replace")
         return "".join(self.lines)
 
 
@@ -175,7 +204,8 @@ def _named(kind, text, victim, rank, ranks):
             or f"on node {victim}" in text or (from_launcher(text) or {}).get("node") == victim)
 
 
-def one_run(cluster, layout, kind, level, workdir, reference, rng, flavour="mpich"):
+def one_run(cluster, layout, kind, level, workdir, reference, rng, flavour="mpich",
+            output="file"):
     nodes, per_node = layout
     victim = cluster.nodes[nodes - 1]
     rank = nodes * per_node - 1
@@ -189,7 +219,8 @@ def one_run(cluster, layout, kind, level, workdir, reference, rng, flavour="mpic
     steps = SLOW_STEPS if kind == "slow" else 100_000
     before = segments()
     job = Job(cluster, layout, [ckpt, steps, "--trigger", trigger, "--victim", rank,
-                                "--act", "slow" if kind == "slow" else "stuck"], env, flavour)
+                                "--act", "slow" if kind == "slow" else "stuck"], env, flavour,
+              log=workdir / "job.log" if output == "file" else None)
     others = OthersWatch(job.proc.pid)  # the job's launcher leads its own session
     if not job.seen.wait(180):
         job.end(1)
@@ -206,7 +237,10 @@ def one_run(cluster, layout, kind, level, workdir, reference, rng, flavour="mpic
     left = _ranks_left(cluster)
     new = {k: v for k, v in segments().items() if k not in before}
     unseen = sorted(kernel_faults(pids) - seen_faults)  # ranks the launcher no longer saw
-    record = {"kind": kind, "fault_at": fault_time, "rc": rc, "hung": hung,
+    lost_lines = job.log is not None and ("\0" in text or bool(job.lines)
+                                          and not text.startswith(job.lines[0]))
+    record = {"kind": kind, "fault_at": fault_time, "rc": rc, "hung": hung, "output": output,
+              "log_kept": not lost_lines,
               "seconds": round(took, 1), "machine_shared": others.stop(),
               "crashed": bool(CRASH.search(text) or unseen),
               "named": _named(kind, text, victim, rank, ranks),
@@ -222,6 +256,9 @@ def one_run(cluster, layout, kind, level, workdir, reference, rng, flavour="mpic
     settings = {k: v for k, v in sorted(os.environ.items()) if k.startswith(MPI_SETTINGS)}
     if settings:  # the MPI's own settings this soak ran with (its network module, ...)
         record["mpi_settings"] = settings
+    module = re.search(r"^network_module=(\S+)", text, re.M)
+    if module and module.group(1) != "None":  # MPICH's, as the job's rank 0 said
+        record["network_module"] = module.group(1)
     # hpcddp's own headlines (the watchdog's report, a straggler's warning), whole
     record["said"] = [line for line in text.splitlines() if line.startswith("hpcddp: ")][:4]
     thrown = [line for line in text.splitlines() if "uncaught exception" in line]
@@ -313,6 +350,9 @@ def main():
     parser.add_argument("--launcher-args", default="", metavar="ARGS",
                         help="more arguments for the launcher, e.g. '--with-ft ulfm' (Open "
                              "MPI's process fault tolerance); kept in each run's record")
+    parser.add_argument("--output", default="file", choices=("file", "pipe"),
+                        help="where the launcher writes: a regular file, as a batch job's "
+                             "log (the default), or a pipe")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--name", default=None, help="results/<name>.json")
     parser.add_argument("--out", default=None, metavar="JSON",
@@ -354,7 +394,7 @@ def main():
         reference = _references(cluster, layout, args.level, workdir, args.flavour)
         for kind in _turns(kinds, args.runs, data["runs"], args.fill):
             record = one_run(cluster, layout, kind, args.level, workdir, reference, rng,
-                             args.flavour)
+                             args.flavour, args.output)
             record["commit"] = commit
             if Job.launcher_args:
                 record["launcher_args"] = args.launcher_args

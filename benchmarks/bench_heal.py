@@ -36,10 +36,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the repository's tools/
+sys.path.insert(0, str(ROOT))  # the repository's testbed/
 sys.path.insert(0, str(ROOT / "tests" / "support"))
-from tools.testbed import EmulatedCluster  # noqa: E402
-from tools.testbed.slurm import SlurmCluster  # noqa: E402
+from testbed import EmulatedCluster  # noqa: E402
+from testbed.slurm import SlurmCluster  # noqa: E402
 from train_output import final_result, read_log  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 EPOCHS = ["--epochs", "20"]

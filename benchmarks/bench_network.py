@@ -1,5 +1,5 @@
 """hpcddp where the network is the bottleneck: jobs on an emulated cluster of network
-namespaces with tbf-shaped links (``tools.testbed``; root only), every peer measured
+namespaces with tbf-shaped links (``testbed``; root only), every peer measured
 in the same job on the same links.
 
     python benchmarks/bench_network.py            # all of it, about 15 minutes
@@ -22,6 +22,11 @@ started by its own launcher (the venvs that ``make test-mpis`` builds: .venv,
 results/network_flavours.json (``--out``), with what hpcddp's ``auto`` chose beside the
 fastest reduction of each row.
 
+    python benchmarks/bench_network.py --netmods --repeats 2   # about 6 minutes
+
+``--netmods``: MPICH's UCX and ofi network modules (hpcddp's choice for the mpich wheel)
+on the same links and in one node's shared memory; results/network_netmods.json.
+
 Writes results/network.json. Ranks use one torch thread; UCX_TLS=tcp,self sends
 everything through the links.
 """
@@ -34,9 +39,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from tools.testbed import EmulatedCluster  # noqa: E402
-from tools.testbed.nodes import FLAVOUR_VENVS  # noqa: E402
-from tools.testbed.network import parse_rate  # noqa: E402
+from testbed import EmulatedCluster  # noqa: E402
+from testbed.nodes import FLAVOUR_VENVS  # noqa: E402
+from testbed.network import parse_rate  # noqa: E402
 
 NAME = "hdbench"
 # Flavours that are another's MPI with settings of its own: MPICH's ofi network module
@@ -92,11 +97,15 @@ def main():
                         help="--flavours' results/NAME.json (default network_flavours)")
     parser.add_argument("--flavours", default=None, metavar="LIST",
                         help="mpich,openmpi,impi,mpich-ofi: the 1 Gbit/s rows under each MPI")
+    parser.add_argument("--netmods", action="store_true",
+                        help="MPICH's ucx and ofi network modules side by side")
     args = parser.parse_args()
     if args.before:
         return compare(args)
     if args.flavours:
         return flavours(args)
+    if args.netmods:
+        return netmods(args)
     sizes = "1,16" if args.quick else "1,16,24,64"
     iters = "3" if args.quick else "5"
     runs = []
@@ -171,6 +180,55 @@ def _ddp_row(result, bits):
             "hpcddp_vs_torch_ddp_gloo": steps["hpcddp"] / steps["torch_ddp_gloo"],
             "hpcddp_vs_perfect_overlap": steps["hpcddp"] / max(steps["no_communication"],
                                                                link_ms)}
+
+
+def netmods(args):
+    """MPICH's two network modules, UCX (the mpich wheel's own default) and ofi (what
+    hpcddp chooses for it, libfabric picking its provider), one after the other on the
+    same links and in one node's shared memory: MPI's and hpcddp's allreduce at 1 and
+    16 MiB on 1 x 2, 2 x 1 and 2 x 2, and the fp32 DDP step on 2 x 1, each --repeats
+    times; results/network_netmods.json with ofi's median time over UCX's per row."""
+    modules = {"ucx": {"MPIR_CVAR_CH4_NETMOD": "ucx"}, "ofi": {"MPIR_CVAR_CH4_NETMOD": "ofi"}}
+    kinds = ("mpi_allreduce", "mpi_iallreduce", "hpcddp_auto")
+    rate, runs = "1gbit", []
+    with EmulatedCluster.up(nodes=2, rate=rate, name=NAME) as cluster:
+        for repeat in range(args.repeats):
+            for nodes, per_node in ((1, 2), (2, 1), (2, 2)):
+                for module, settings in modules.items():
+                    result = _job(cluster, nodes, per_node,
+                                  ["allreduce", "--sizes-mib", "1,16", "--iters", "5"],
+                                  extra_env=settings)
+                    for row in result["rows"]:
+                        runs.append({"module": module, "what": "allreduce", "repeat": repeat,
+                                     "layout": f"{nodes}x{per_node}", "mib": row["bytes"] >> 20,
+                                     "median_ms": {k: row[k]["median_ms"] for k in kinds}})
+                        print(json.dumps(runs[-1]), flush=True)
+            for module, settings in modules.items():
+                result = _job(cluster, 2, 1, ["ddp", "--steps", "10", "--kinds",
+                                              "no_communication,hpcddp,torch_ddp_gloo"],
+                              extra_env=settings)
+                runs.append({"module": module, "what": "ddp", "repeat": repeat, "layout": "2x1",
+                             "median_ms": {k: v["median_ms"] for k, v in result["steps"].items()}})
+                print(json.dumps(runs[-1]), flush=True)
+    ratios = {}
+    for run in runs:
+        if run["module"] != "ofi":
+            continue
+        key = f"{run['what']} {run['layout']}" + (f" {run['mib']} MiB" if "mib" in run else "")
+        for kind, ms in run["median_ms"].items():
+            ucx = [r["median_ms"][kind] for r in runs if r["module"] == "ucx"
+                   and (r["what"], r["layout"], r.get("mib")) ==
+                   (run["what"], run["layout"], run.get("mib"))]
+            ratios.setdefault(f"{key} {kind}", []).append(ms / (sum(ucx) / len(ucx)))
+    summary = {key: sum(v) / len(v) for key, v in ratios.items()}
+    for key, value in summary.items():
+        print(f"ofi / ucx  {key}: {value:.3f}")
+    out = HERE / "results" / "network_netmods.json"
+    out.write_text(json.dumps({"benchmark": "MPICH 5's network modules, ofi over UCX, on the "
+                                            "same 1 Gbit/s links and in shared memory",
+                               "rate": rate, "ofi_over_ucx": summary, "runs": runs},
+                              indent=1) + "\n")
+    print(f"wrote {out}")
 
 
 def flavours(args):

@@ -1,7 +1,7 @@
-"""The model of scale (``hpcddp.tools.scale_model``) against the emulated cluster: the
+"""The model of scale (``hpcddp.commands.scale_model``) against the emulated cluster: the
 fabric is fitted from messages between two ranks, then the model predicts the
 allreduces and the DDP steps of other jobs on the same links, and each prediction is
-set beside what those jobs measured (root only; ``tools.testbed``).
+set beside what those jobs measured (root only; ``testbed``).
 
     python benchmarks/bench_scale.py                     # about 15 minutes
     python benchmarks/bench_scale.py --rates 250mbit --layouts 2x1,4x1 --quick
@@ -32,9 +32,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from bench_network import _job  # noqa: E402
-from hpcddp.tools.scale_model import (  # noqa: E402
+from hpcddp.commands.scale_model import (  # noqa: E402
     Fabric, Link, Workload, allreduce_seconds, ddp_step_seconds, fit_link)
-from tools.testbed import EmulatedCluster  # noqa: E402
+from testbed import EmulatedCluster  # noqa: E402
 
 NAME = "hdscale"
 MEASURED = {"hpcddp_ring": "ring", "hpcddp_mpi": "mpi", "hpcddp_node": "node"}

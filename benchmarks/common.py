@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from hpcddp.comm.mpi_library import library_version_line
+from hpcddp.startup.mpi_library import library_version_line
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -8,7 +8,7 @@ Writes ``docs/images/summary.png``, and ``network.png`` from ``network.json``
 import json
 from pathlib import Path
 
-from hpcddp.tools.timeline_plot import pyplot
+from hpcddp.timeline.plot import pyplot
 
 plt = pyplot()  # or a SystemExit that says to install matplotlib
 

@@ -1,4 +1,4 @@
-"""The model of scale (``hpcddp.tools.scale_model``, behind ``hpcddp predict``) beyond
+"""The model of scale (``hpcddp.commands.scale_model``, behind ``hpcddp predict``) beyond
 the test bed: a model, never a measurement.
 
     python benchmarks/project_scale.py          # a second; no MPI, no cluster
@@ -29,9 +29,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from hpcddp.tools.predict import bucket_bytes  # noqa: E402
-from hpcddp.tools.scale_model import Fabric, Link, Workload, ddp_step_seconds  # noqa: E402
-from hpcddp.transport.policy import DEVICE, Layout, for_world  # noqa: E402
+from hpcddp.commands.predict import bucket_bytes  # noqa: E402
+from hpcddp.commands.scale_model import Fabric, Link, Workload, ddp_step_seconds  # noqa: E402
+from hpcddp.transport.allreduce.policy import DEVICE, WorldFacts, for_world  # noqa: E402
 
 MIB = 1 << 20
 HOROVOD_SOURCE = ("Horovod's docs/benchmarks.rst: 128 servers with 4 Pascal GPUs each, "
@@ -99,7 +99,7 @@ def _efficiency(fabric, nodes, per_node, work, reduction):
 def _auto(nodes, per_node):
     """What ``HPCDDP_REDUCE=auto`` runs on GPU buffers with a CUDA-aware MPI that passed
     its self-test: MPI's own allreduce (the node-aware one runs on host buffers only)."""
-    return for_world("auto", Layout(nodes, per_node, True, DEVICE)).name
+    return for_world("auto", WorldFacts(nodes, per_node, True, DEVICE)).name
 
 
 def beside_horovod():
@@ -135,7 +135,7 @@ def projected():
 
 def main():
     result = {
-        "what": "a model (hpcddp.tools.scale_model), never a measurement",
+        "what": "a model (hpcddp.commands.scale_model), never a measurement",
         "efficiency": "one GPU's step with no communication / the step at N GPUs, batch "
                       "per GPU fixed",
         "horovod": {"source": HOROVOD_SOURCE, "fabric": HOROVOD_FABRIC,

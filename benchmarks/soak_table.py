@@ -20,8 +20,21 @@ NAMES = {"ranks_killed": "every rank of a node killed",
          "link_down": "link down", "crawl": "link at 8 kbit/s",
          "frozen": "node frozen (SIGSTOP)", "stuck": "one rank stuck in user code",
          "slow": "one rank 5x slower"}
-HEADER = ("| fault | runs | hangs | crashes | named | fault to end, median (max) "
-          "| left behind | resume identical |\n|---|---|---|---|---|---|---|---|")
+HEADER = ("| fault | configuration | runs | hangs | crashes | named | fault to end, median "
+          "(max) | left behind | resume identical | log kept |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
+# Settings every soak's launcher gets from the testbed, not a choice of the soak's.
+_TESTBED = ("UCX_TLS",)
+
+
+def configuration(run):
+    """The MPI settings a run's soak was started with ("defaults": what make demo
+    installs, nothing more) and where its launcher wrote (a log file, or a pipe)."""
+    settings = [f"{k}={v}" for k, v in sorted(run.get("mpi_settings", {}).items())
+                if k not in _TESTBED]
+    where = {"file": "log file", "pipe": "pipe"}.get(run.get("output"), "pipe")
+    module = f" (MPICH on {run['network_module']})" if run.get("network_module") else ""
+    return f"{' '.join(settings) or 'defaults'}{module}, {where}"
 
 
 def _named(runs):
@@ -60,9 +73,11 @@ def row(kind, runs):
         end = "runs to its end"
     else:
         end = f"{statistics.median(ends):.1f} s ({max(ends):.1f})" if ends else "-"
-    return (f"| {NAMES.get(kind, kind)} | {len(runs)} | {sum(r['hung'] for r in runs)} "
+    kept = [r["log_kept"] for r in runs if "log_kept" in r]
+    return (f"| {NAMES.get(kind, kind)} | {configuration(runs[0])} | {len(runs)} "
+            f"| {sum(r['hung'] for r in runs)} "
             f"| {crash_text} | {_named(runs)} | {end} | {_left(runs)} "
-            f"| {sum(r['identical'] for r in runs)} |")
+            f"| {sum(r['identical'] for r in runs)} | {sum(kept) if kept else '-'} |")
 
 
 def _after(commit, since):
@@ -88,8 +103,10 @@ def table(files, since=None):
     flavour += "".join(f" ({args})" for args in launched)
     title = f"{layout}, {level}, {flavour}: {len(runs)} runs" + (
         f" since {since}" if since else "")
+    configurations = list(dict.fromkeys(configuration(r) for r in runs))
     return "\n".join([title, "", HEADER] + [
-        row(k, [r for r in runs if r["kind"] == k]) for k in kinds])
+        row(k, chosen) for k in kinds for c in configurations
+        if (chosen := [r for r in runs if r["kind"] == k and configuration(r) == c])])
 
 
 def main():

@@ -5,7 +5,8 @@ Import is not initialization: ``import hpcddp`` must not import torch, h5py or
 with the module each lives in, and this makes the module-level ``__getattr__`` and
 ``__dir__`` that import it when the name is first asked for. ``after_import`` runs a
 function of hpcddp's once another package (torch.distributed) has been imported, by
-whoever imports it, without importing it first.
+whoever imports it, without importing it first; ``before_import`` one just before
+(``mpi4py.MPI``, whose import starts MPI, which reads its settings then).
 """
 
 import importlib
@@ -13,7 +14,7 @@ import importlib.abc
 import sys
 from typing import Callable, Dict, Tuple
 
-__all__ = ["after_import", "lazy_names"]
+__all__ = ["after_import", "before_import", "later", "lazy_names"]
 
 
 def lazy_names(package: str, public: Dict[str, str]) -> Tuple[Callable, Callable]:
@@ -41,26 +42,49 @@ def lazy_names(package: str, public: Dict[str, str]) -> Tuple[Callable, Callable
     return __getattr__, __dir__
 
 
-def after_import(module: str, target: str) -> None:
-    """Call ``target`` (``"package.module:function"``) once ``module`` is imported: now
-    if it already is, else right after whoever imports it has finished executing it.
+def after_import(module: str, target: str, *args) -> None:
+    """Call ``target`` (``"package.module:function"``) with ``args`` once ``module`` is
+    imported: now if it already is, else right after whoever imports it has finished
+    executing it.
     """
     if module in sys.modules:
-        _call(target)
+        _call(target, *args)
         return
-    sys.meta_path.insert(0, _AfterImport(module, target))
+    sys.meta_path.insert(0, _AfterImport(module, target, args=args))
 
 
-def _call(target: str) -> None:
+def later(target: str) -> Callable:
+    """A function that loads ``target`` (``"package.module:function"``) when first called
+    and calls it: how a package face hands a lower layer what a higher one provides,
+    without importing the higher one now."""
+    def call(*args, **kwargs):
+        return _resolve(target)(*args, **kwargs)
+    call.__qualname__ = call.__name__ = f"later({target!r})"
+    return call
+
+
+def before_import(module: str, target: str) -> None:
+    """Call ``target`` (``"package.module:function"``) just before ``module`` is loaded,
+    by whoever imports it; never if it is imported already (too late then)."""
+    if module not in sys.modules:
+        sys.meta_path.insert(0, _AfterImport(module, target, before=True))
+
+
+def _resolve(target: str) -> Callable:
+    """The function ``"package.module:function"`` names, its module imported now."""
     where, name = target.split(":")
-    getattr(importlib.import_module(where), name)()
+    return getattr(importlib.import_module(where), name)
+
+
+def _call(target: str, *args) -> None:
+    _resolve(target)(*args)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Finds nothing itself: wraps the loader the other finders give ``module``."""
 
-    def __init__(self, module: str, target: str):
-        self.module, self.target = module, target
+    def __init__(self, module: str, target: str, before: bool = False, args=()):
+        self.module, self.target, self.before, self.args = module, target, before, args
 
     def find_spec(self, fullname, path, target=None):
         if fullname != self.module:
@@ -70,21 +94,32 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             spec = finder.find_spec(fullname, path, target) \
                 if hasattr(finder, "find_spec") else None
             if spec is not None and spec.loader is not None:
-                spec.loader = _ThenCall(spec.loader, self.target)
+                wrapper = _FirstCall if self.before else _ThenCall
+                spec.loader = wrapper(spec.loader, self.target, self.args)
                 return spec
         return None
 
 
 class _ThenCall(importlib.abc.Loader):
-    def __init__(self, loader, target: str):
-        self._loader, self._target = loader, target
+    def __init__(self, loader, target: str, args=()):
+        self._loader, self._target, self._args = loader, target, args
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
         self._loader.exec_module(module)
-        _call(self._target)
+        _call(self._target, *self._args)
 
     def __getattr__(self, name):  # get_resource_reader, is_package, ...
         return getattr(self._loader, name)
+
+
+class _FirstCall(_ThenCall):
+    # Before the module is created: an extension module's initialization may run there.
+    def create_module(self, spec):
+        _call(self._target, *self._args)
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)

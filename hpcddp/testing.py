@@ -37,7 +37,7 @@ def pytest_configure(config):
 
 
 def pytest_report_header(config):
-    from hpcddp.comm.mpi_library import library_version_line
+    from hpcddp.startup.mpi_library import library_version_line
 
     world = _state["world"]
     library = " ".join(library_version_line().split())
@@ -46,7 +46,7 @@ def pytest_report_header(config):
 
 
 def _abort(what, text):
-    from hpcddp.comm.abort import abort_job
+    from hpcddp.faults.abort import abort_job
     from hpcddp.runtime import get_world
 
     # The world of now: a test may have shut hpcddp down and initialized it again.

@@ -8,7 +8,7 @@ module before torch.distributed has finished importing.
 
 import sys
 
-__all__ = ["backend_of", "batchnorm_base", "default_group", "future_base",
+__all__ = ["backend_of", "batchnorm_base", "compress_hook", "default_group", "future_base",
            "profiler_check", "queue_backward_callback", "rendezvous_handlers"]
 
 
@@ -57,3 +57,11 @@ def batchnorm_base():
     ``SyncBatchNorm`` derives from and converts."""
     from torch.nn.modules.batchnorm import _BatchNorm
     return _BatchNorm
+
+
+def compress_hook(dtype, state, bucket):
+    """torch's ``default_hooks._compress_hook``: the body of its ``fp16_compress_hook``
+    and ``bf16_compress_hook`` for any dtype, which hpcddp's hooks of those names call
+    when they run on a DDP other than hpcddp's (torch's own, on gloo)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    return default_hooks._compress_hook(dtype, state, bucket)

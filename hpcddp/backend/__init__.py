@@ -7,8 +7,8 @@
   ``ProcessGroup`` issued on a ``Transport``.
 - ``work.py``: its ``Work`` objects and futures, completed in the background.
 - ``groups.py``: the default group and subgroups, each on a communicator of its own.
-- ``shared_store.py``: rank 0's ``TCPStore``, found through MPI, for groups of other
-  backends beside hpcddp's.
+- ``shared_store.py``: rank 0's ``TCPStore``, opened when a rank first asks for it
+  through MPI, for groups of other backends beside hpcddp's.
 
 Importing this package starts nothing; ``process_group`` and ``groups`` start MPI when
 imported.

@@ -10,7 +10,7 @@ their coalesced forms; gather; scatter; reduce_scatter (equal or unequal parts),
 reduce_scatter_single and its coalesced form; all_to_all_single and alltoall;
 barrier; send, recv and recv_anysource with tags. An input that aliases its output, as
 FSDP2 passes them, travels as ``MPI_IN_PLACE`` or is copied first
-(``hpcddp.transport.layout``). What no MPI backend can do is refused with its name:
+(``hpcddp.transport.aliasing``). What no MPI backend can do is refused with its name:
 ``PREMUL_SUM`` (NCCL's), tags beyond the MPI's ``MPI_TAG_UB``; torch itself refuses
 ``monitored_barrier`` (gloo's alone) and ``split_group`` without a bound device.
 
@@ -28,15 +28,15 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
+from hpcddp.backend.work import RecvWork, StatusRequest, Work
 from hpcddp.comm import activity, lifetime
 from hpcddp.comm.ops import mpi_op
 from hpcddp.comm.serial import mpi_call
 from hpcddp.transport import Transfer, Transport, reads, updates, writes
-from hpcddp.transport.layout import (
+from hpcddp.transport.aliasing import (
     check_parts, counts_and_displs, in_place_chunk, overlaps, split_counts, unflatten_into,
     unstack_into)
 from hpcddp.transport.sparse import allreduce_sparse
-from hpcddp.backend.work import RecvWork, StatusRequest, Work
 
 __all__ = ["BACKEND", "MPIProcessGroup"]
 

@@ -21,9 +21,9 @@ either order: after ``hpcddp.init()`` has made the default group, a later
 """
 
 import functools
-import importlib
 import os
 import sys
+from typing import Callable
 from urllib.parse import parse_qs, urlparse
 
 from hpcddp.env import ConfigError, detect_launcher
@@ -39,23 +39,28 @@ BACKEND = "hpcddp"
 _state = {}
 
 
-def _load(module: str):
-    # hpcddp.runtime and hpcddp.backend.groups start MPI when imported: only once a group
-    # is really asked for.
-    return importlib.import_module(module)
+def _world():
+    return _state["world_source"]()
 
 
 def _create_group(options, _pg_options):
-    world = _load("hpcddp.runtime")._world_for_backend()
-    return _load("hpcddp.backend.groups").group_for(world, options)
+    # Imported here: hpcddp.backend.groups starts MPI, only once a group is asked for.
+    from hpcddp.backend.groups import group_for
+    return group_for(_world(), options)
 
 
-def register() -> None:
+def register(world_source: Callable) -> None:
     """Make ``"hpcddp"`` a torch.distributed backend with its MPI rendezvous. Idempotent;
-    starts no MPI."""
+    starts no MPI.
+
+    Args:
+        world_source: returns hpcddp's ``World`` when torch first asks for a group or a
+            rendezvous, initializing it without torch's default group
+            (``hpcddp.runtime.world_for_torch``, which ``import hpcddp`` passes).
+    """
     if _state.get("registered"):
         return
-    _state["registered"] = True
+    _state["registered"], _state["world_source"] = True, world_source
     # Imported here, not above: this module must be importable before torch.distributed
     # (importing that runs register()).
     import torch.distributed as dist
@@ -114,11 +119,12 @@ def _env_rendezvous(torch_env, url, *args, **kwargs):
             raise
         return
     query = {key: values[-1] for key, values in parse_qs(urlparse(url).query).items()}
-    world = _load("hpcddp.runtime").init(torch_group=False)
+    world = _world()
     _check_given(world, query.get("rank", os.environ.get("RANK")),
                  query.get("world_size", os.environ.get("WORLD_SIZE")))
     # Ranks find each other through MPI; the store is for groups of other backends.
-    yield (_load("hpcddp.backend.shared_store").shared_store(world), world.rank, world.size)
+    from hpcddp.backend.shared_store import shared_store  # starts MPI: imported here
+    yield (shared_store(world), world.rank, world.size)
     raise RuntimeError("hpcddp's rendezvous cannot be repeated: the MPI job is fixed")
 
 
@@ -152,8 +158,7 @@ def _init_once(torch_init):
     def init_process_group(backend=None, *args, **kwargs):
         default = default_group()
         if default is not None and names_hpcddp(backend) and _is_hpcddp(default):
-            world = _load("hpcddp.runtime").get_world()
-            _check_given(world, kwargs.get("rank"), kwargs.get("world_size"))
+            _check_given(_world(), kwargs.get("rank"), kwargs.get("world_size"))
             return None
         return torch_init(backend, *args, **kwargs)
 
@@ -162,8 +167,9 @@ def _init_once(torch_init):
 
 
 def _is_hpcddp(group) -> bool:
+    from hpcddp.backend.groups import comm_of  # starts MPI: imported here
     try:
-        _load("hpcddp.backend.groups").comm_of(group)
+        comm_of(group)
     except TypeError:
         return False
     return True

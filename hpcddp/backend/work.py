@@ -3,7 +3,7 @@
 A collective returns once its MPI request is issued (or queued behind its CUDA
 producer's event). ``wait()`` drives it to completion, and raises ``HandleTimeout``
 naming the operation when a timeout runs out. ``get_future()`` returns a
-``torch.futures.Future`` that hpcddp's progress thread (``hpcddp.comm.progress``)
+``torch.futures.Future`` that hpcddp's progress thread (``hpcddp.comm.progress_thread``)
 completes the moment MPI does, so ``.then()`` chains run without anyone calling
 ``wait()``; its tests are made by hpcddp's MPI thread (``hpcddp.comm.serial``), so
 ``MPI_THREAD_SERIALIZED`` is enough. Below it no helper thread may call MPI, and ``get_future()`` completes the
@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 
 from hpcddp.comm.handle import HandleTimeout
-from hpcddp.comm.progress import background, on_progress_thread
-from hpcddp.comm.threads import helper_threads_allowed
+from hpcddp.comm.progress_thread import background, on_progress_thread
+from hpcddp.comm.thread_level import helper_threads_allowed
 from hpcddp.transport import Transfer
 
 __all__ = ["RecvWork", "StatusRequest", "Work", "deferred_futures", "settle"]

@@ -13,7 +13,7 @@ from hpcddp.checkpoint.delivery import FileMappings, deliver
 from hpcddp.checkpoint.hook_state import capture_hook_state, restore_hook_state
 from hpcddp.checkpoint.rng import capture_rng, reseed_rng, restore_rng
 from hpcddp.comm import activity
-from hpcddp.comm.agree import share_outcome
+from hpcddp.comm.outcome import share_outcome
 from hpcddp.ddp import DistributedDataParallel
 from hpcddp.runtime import current_world, get_world
 

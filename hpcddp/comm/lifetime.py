@@ -60,17 +60,27 @@ def open_count() -> int:
 def close_all() -> None:
     """Close every registered owner, newest first.
 
+    An owner whose ``close()`` raises does not keep the others open: each is closed (the
+    other ranks are closing theirs, collectively), then the first error is raised.
+
     .. warning:: Collective where an owner's ``close()`` is (MPI-IO files,
        communicators): every rank must run it, as every exit path does.
     """
+    first = None
     while True:
         with _lock:
             if not _open:
-                return
+                break
             owner = _open.popitem()[1]
         owner = owner() if isinstance(owner, weakref.ref) else owner
-        if owner is not None:
+        if owner is None:
+            continue
+        try:
             owner.close()
+        except Exception as error:  # noqa: BLE001 - raised once every owner is closed
+            first = first or error
+    if first is not None:
+        raise first
 
 
 def before_finalize() -> None:
@@ -79,8 +89,10 @@ def before_finalize() -> None:
 
     .. warning:: Collective, as ``close_all``.
     """
-    close_all()
-    OWNER.close()
+    try:
+        close_all()
+    finally:
+        OWNER.close()
 
 
 def free_comm(comm) -> None:

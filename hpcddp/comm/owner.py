@@ -27,18 +27,15 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, Iterator, List, Optional
 
-from hpcddp.comm.backoff import Backoff
+from hpcddp.comm.backoff import Backoff, mpi_polls
 
 __all__ = ["Owner", "OwnerBusy", "OWNER"]
 
-# A wait is polled back to back for its first polls (a reduction about to finish costs
-# nothing more), then with pauses that grow to 0.1 ms; a call handed over cuts a pause
-# short. The owner polls nothing while no thread waits for it: a thread that wakes to
-# poll takes Python's GIL and the core from the thread computing (measured: a thread
-# waking every 0.3 ms for a few microseconds of Python made DDP steps 5-8 % slower), so
-# MPI moves operations nobody waits for yet when hpcddp hands it a call (a gradient
-# hook's ``advance``), as it would without the owner.
-_SPINS, _FIRST, _CAP = 2000, 1e-5, 1e-4
+# A wait is polled as every wait for MPI is (``mpi_polls``); a call handed over cuts a
+# pause short. The owner polls nothing while no thread waits for it: a thread that wakes
+# to poll takes Python's GIL and the core from the thread computing (DDP steps are slower
+# with one, docs/benchmarks.md), so MPI moves operations nobody waits for yet when hpcddp
+# hands it a call (a gradient hook's ``advance``), as it would without the owner.
 # While ``progressing`` (DDP's backward with HPCDDP_PROGRESS_THREAD) and no thread waits,
 # the owner nudges the operations in flight (``nudge``) on its own, sleeping between: from
 # 50 us after a call handed over (a bucket just launched) up to 0.5 ms. The pauses are
@@ -257,7 +254,7 @@ class Owner:
 
     def _poll_here(self, done: Callable[[], Any], nudge: bool) -> Any:
         """A wait on the owner itself (or with no owner): poll, serving the others between."""
-        polls = Backoff(_SPINS, _FIRST, _CAP)
+        polls = mpi_polls()
         while True:
             result = done()
             if result:
@@ -299,7 +296,7 @@ class Owner:
         return bool(calls or ended)
 
     def _run(self) -> None:
-        polls = Backoff(_SPINS, _FIRST, _CAP)
+        polls = mpi_polls()
         moves = Backoff(0, _MOVE_FIRST, _MOVE_CAP)
         added = 0
         while True:

@@ -40,22 +40,13 @@ from typing import Any, Callable, List, Optional, Sequence
 
 from mpi4py import MPI
 
-from hpcddp.comm.backoff import Backoff
+from hpcddp.comm.backoff import mpi_polls
 from hpcddp.comm.owner import OWNER, OwnerBusy
 
-__all__ = ["LOCK", "OwnerBusy", "SerialComm", "SerialRequest", "backoff", "call",
+__all__ = ["LOCK", "OwnerBusy", "SerialComm", "SerialRequest", "call",
            "keep_moving", "poll", "serialize", "stop_moving", "until", "wait", "wait_all"]
 
 LOCK = threading.RLock()
-
-# A wait polled on the calling thread (``poll``) polls back to back for its first 2000
-# polls (a few milliseconds), then with pauses of at most 0.1 ms.
-_SPINS, _FIRST, _CAP = 2000, 1e-5, 1e-4
-
-
-def backoff() -> Backoff:
-    """The pauses between the polls of a wait for MPI."""
-    return Backoff(_SPINS, _FIRST, _CAP)
 
 
 def call(fn: Callable, *args, timeout: Optional[float] = None, **kwargs) -> Any:
@@ -112,9 +103,9 @@ def poll(done: Callable[[], Any], nudge: bool = False) -> Any:
     """Call ``done`` on the calling thread until it returns something true, and return
     that: a wait whose test does more than MPI (it takes ``LOCK``, or completes
     hpcddp's own operations); its MPI calls go through ``call``. The pauses are
-    ``backoff()``'s; with ``nudge``, the objects given to ``keep_moving`` are nudged
+    ``mpi_polls()``'s; with ``nudge``, the objects given to ``keep_moving`` are nudged
     between polls."""
-    polls = backoff()
+    polls = mpi_polls()
     while True:
         result = done()
         if result:
@@ -311,7 +302,7 @@ class _Pickled:
 
 class SerialComm(_Pickled, MPI.Intracomm):
     """An intracommunicator whose calls the owner makes (``SerialComm(comm)`` shares
-    ``comm``'s handle). ``Abort`` is not handed over: ``hpcddp.comm.abort`` decides."""
+    ``comm``'s handle). ``Abort`` is not handed over: ``hpcddp.faults.abort`` decides."""
 
     locals().update(_serial_class(MPI.Intracomm, polled=_POLLED, skip=(
         "Abort", *(name for name in vars(_Pickled) if not name.startswith("_")))))

@@ -6,7 +6,7 @@ from typing import List, NamedTuple, Optional
 from mpi4py import MPI
 
 from hpcddp.comm.serial import serialize
-from hpcddp.comm.startup import JOB_SEGMENTS, MPICH_SEGMENT, unlink_mapped_segments
+from hpcddp.startup.mpi_init import JOB_SEGMENTS, MPICH_SEGMENT, unlink_mapped_segments
 
 __all__ = ["MissingRanksError", "NodeLayout", "clone_comm", "forget_segment_names",
            "node_layout"]

@@ -26,7 +26,7 @@ def jpeg_decoder(prefer: str = "auto") -> str:
         except ImportError:
             continue
     raise ImportError(f"decoding JPEG needs {'simplejpeg or Pillow' if prefer == 'auto' else prefer}"
-                      ": pip install simplejpeg (or pip install 'hpcddp[demo]')")
+                      ": pip install simplejpeg (or, in hpcddp's clone, pip install '.[demo]')")
 
 
 def decode_jpeg(data, gray: bool = False, decoder: str = "auto") -> np.ndarray:

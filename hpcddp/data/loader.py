@@ -14,10 +14,10 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from hpcddp.comm import timeline
-from hpcddp.comm.agree import decide_on_root
+from hpcddp import timeline
 from hpcddp.comm.lifetime import Closable
-from hpcddp.comm.threads import helper_threads_allowed
+from hpcddp.comm.outcome import decide_on_root
+from hpcddp.comm.thread_level import helper_threads_allowed
 from hpcddp.data.dataset import H5Dataset, as_batch
 from hpcddp.data.pool import BufferPool
 from hpcddp.data.prefetch import Prefetcher

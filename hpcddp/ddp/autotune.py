@@ -24,12 +24,13 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from hpcddp.comm import activity, timeline
+from hpcddp import timeline
+from hpcddp.comm import activity
 from hpcddp.ddp.search import Search, Setting, Space
 from hpcddp.env import get_setting
-from hpcddp.comm.mpi_library import library_version_line
 from hpcddp.env.notices import warn_user
-from hpcddp.transport import policy
+from hpcddp.startup.mpi_library import library_version_line
+from hpcddp.transport.allreduce import policy
 
 __all__ = ["Autotuner", "apply_setting", "make_autotuner", "wants_autotune"]
 
@@ -225,10 +226,13 @@ class Autotuner:
         history = self.search.history
         if self._logged == len(history) and not final and self._log_begun:
             return
-        with open(self.log_path, "a" if self._log_begun else "w", newline="") as out:
+        # Appended, never truncated: the file may hold an earlier run's search (a log is
+        # data); a file begun elsewhere keeps its header.
+        with open(self.log_path, "a", newline="") as out:
             writer = csv.writer(out)
             if not self._log_begun:
-                writer.writerow(_LOG_FIELDS)
+                if out.tell() == 0:
+                    writer.writerow(_LOG_FIELDS)
                 self._log_begun = True
             for k in range(self._logged, len(history)):
                 trial = history[k]
@@ -269,5 +273,5 @@ def make_autotuner(reducer, control, world) -> Autotuner:
         raise ValueError(f"HPCDDP_AUTOTUNE_STEPS={budget}: the search needs at least one "
                          f"step; give e.g. 64")
     reductions = policy.worth_trying(get_setting("REDUCE"), world.reduction, on_gpu,
-                                     world.reduction_layout)
+                                     world.reduction_facts)
     return Autotuner(reducer, control, reductions, start, solo_bytes, budget, get_setting("AUTOTUNE_LOG"), fingerprint)

@@ -19,7 +19,7 @@ from typing import Dict, List
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from hpcddp.torch_compat import future_base
+from hpcddp.torch_compat import compress_hook, future_base
 from hpcddp.transport import Transfer
 from hpcddp.backend.work import deferred_futures, settle
 
@@ -154,7 +154,7 @@ class _TransportHook:
     def __call__(self, state, bucket):
         if self.dtype is None:
             return default_hooks.allreduce_hook(state, bucket)
-        return default_hooks._compress_hook(self.dtype, state, bucket)
+        return compress_hook(self.dtype, state, bucket)
 
     def __repr__(self):
         return f"hpcddp.{self.__name__}"

@@ -23,8 +23,6 @@ from torch.distributed.algorithms.join import JoinHook
 
 from hpcddp.comm import activity
 
-from hpcddp.ddp.sync import broadcast_tensors
-
 __all__ = ["DDPJoinHook", "agree_on_sync", "common_rank"]
 
 
@@ -80,19 +78,17 @@ class DDPJoinHook(JoinHook):
     """Shadows hpcddp DDP's per-iteration collectives on a rank that has joined.
 
     Args:
-        ddp: the ``hpcddp.DistributedDataParallel``.
-        divide_by_initial_world_size: average over every rank (True), or over the ranks
-            still training (False), as torch's ``join_hook`` argument.
+        ddp: the ``hpcddp.DistributedDataParallel``, whose ``join_hook`` made this and
+            set its divisor (``divide_by_initial_world_size``).
     """
 
-    def __init__(self, ddp, divide_by_initial_world_size: bool = True):
+    def __init__(self, ddp):
         self.ddp = ddp
-        ddp._divide_by_initial_world_size = divide_by_initial_world_size
 
     def main_hook(self) -> None:
         ddp = self.ddp
         ddp._sync_buffers(joined=True)
-        sync = agree_on_sync(ddp._control, False, wait=True)
+        sync = ddp._agree_on_sync(False, wait=True)
         ddp.require_forward_param_sync = sync
         if sync:
             # The ranks still training rebuild the buckets (once) only in a forward that
@@ -101,9 +97,4 @@ class DDPJoinHook(JoinHook):
             ddp.reducer.shadow_backward()
 
     def post_hook(self, is_last_joiner: bool) -> None:
-        ddp = self.ddp
-        root = common_rank(ddp._control, is_last_joiner)
-        tensors = [p.detach() for p in ddp.module.parameters()]
-        if ddp.forward_sync_buffers:
-            tensors += [b.detach() for b in ddp._buffers_to_sync]
-        broadcast_tensors(ddp._control_transport, tensors, root)
+        self.ddp._take_last_joiners_model(is_last_joiner)

@@ -11,7 +11,9 @@ from mpi4py import MPI
 from torch import nn
 from torch.distributed.algorithms.join import Join, Joinable
 
-from hpcddp.comm import activity, lifetime, timeline
+from hpcddp import timeline
+from hpcddp.backend.groups import comm_of
+from hpcddp.comm import activity, lifetime
 from hpcddp.ddp import hooks
 from hpcddp.ddp.autotune import Autotuner, make_autotuner, wants_autotune
 from hpcddp.ddp.buckets import DEFAULT_CAP_MB, FIRST_BUCKET_BYTES
@@ -21,7 +23,6 @@ from hpcddp.ddp.sparse import sparse_parameters
 from hpcddp.ddp.stragglers import StragglerCheck
 from hpcddp.ddp.sync import broadcast_tensors, verify_same_parameters
 from hpcddp.env import get_setting
-from hpcddp.backend.groups import comm_of
 from hpcddp.runtime import get_world
 from hpcddp.transport import Transport
 
@@ -230,7 +231,7 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
             self._stragglers.step()
         self._sync_buffers(joined=False)
         if joinable:
-            self._pending.append(agree_on_sync(self._control, sync, wait=False))
+            self._pending.append(self._agree_on_sync(sync, wait=False))
             if sync:  # after the agreement, from which a joined rank learns to mirror it
                 self.reducer.prepare_for_forward()
         if self.device_ids:
@@ -285,7 +286,22 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
 
     def join_hook(self, **kwargs) -> DDPJoinHook:
         """The hook ``torch.distributed.algorithms.Join`` runs on a rank that has joined."""
-        return DDPJoinHook(self, kwargs.get("divide_by_initial_world_size", True))
+        self._divide_by_initial_world_size = kwargs.get("divide_by_initial_world_size", True)
+        return DDPJoinHook(self)
+
+    def _agree_on_sync(self, sync: bool, wait: bool):
+        """Under Join: whether any rank still training synchronizes this backward
+        (``join.agree_on_sync``)."""
+        return agree_on_sync(self._control, sync, wait)
+
+    def _take_last_joiners_model(self, is_last_joiner: bool) -> None:
+        """Under Join, once every rank has joined: every rank takes the parameters (and
+        the synchronized buffers) of the last rank to join, so all replicas end equal."""
+        root = common_rank(self._control, is_last_joiner)
+        tensors = [p.detach() for p in self.module.parameters()]
+        if self.forward_sync_buffers:
+            tensors += [b.detach() for b in self._buffers_to_sync]
+        broadcast_tensors(self._control_transport, tensors, root)
 
     @property
     def join_device(self) -> torch.device:

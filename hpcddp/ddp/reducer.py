@@ -24,12 +24,13 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 import torch
 
-from hpcddp.comm import activity, timeline
-from hpcddp.comm.progress import ProgressPump
-from hpcddp.comm.threads import helper_threads_allowed
+from hpcddp import timeline
+from hpcddp.comm import activity
+from hpcddp.comm.progress_thread import ProgressPump
+from hpcddp.comm.thread_level import helper_threads_allowed
 from hpcddp.ddp.agreement import agree_on_flags, gone_wrong, raise_what_went_wrong
-from hpcddp.ddp.bucket import GradBucket
 from hpcddp.ddp.buckets import FIRST_BUCKET_BYTES, SOLO_BYTES, ParamSpec, assign_buckets
+from hpcddp.ddp.grad_bucket import GradBucket
 from hpcddp.ddp.hooks import AllreduceMean, hook_for
 from hpcddp.ddp.sparse import allreduce_sparse
 from hpcddp.torch_compat import queue_backward_callback
@@ -170,7 +171,7 @@ class Reducer:
         if self.transport.pending() or any(b.handle is not None for b in self.buckets):
             raise RuntimeError("Reducer.retune during a backward: buckets change only "
                                "between steps")
-        self.transport.reductions.use(reduction)
+        self.transport.use_reduction(reduction)
         self.cap_bytes, self.first_cap_bytes, self.solo_bytes = \
             cap_bytes, first_cap_bytes, solo_bytes
         self.rebuild(self.bucket_order())
@@ -194,7 +195,7 @@ class Reducer:
     def prepare_for_backward(self, sync: bool) -> None:
         """Arm the hooks for the backward that follows this forward."""
         self._armed, self._sync, self._callback_queued = True, sync, False
-        self.transport.deferred = False  # a backward that raised left it on
+        self.transport.end_backward()  # a backward that raised left it begun
         if not sync:
             return
         self.transport.channel.begin_step()  # for the watchdog's report of uneven inputs
@@ -221,7 +222,7 @@ class Reducer:
         if not self._callback_queued:
             queue_backward_callback(self._finalize)
             self._callback_queued, self._backward_began = True, timeline.now()
-            self.transport.deferred = True  # hooks hand launches over, and go on
+            self.transport.begin_backward()  # hooks hand launches over, and go on
         if self.static_graph:
             self._fires[index] += 1
             if self._expected is None:  # the first backward: count, reduce at its end
@@ -284,7 +285,7 @@ class Reducer:
             timeline.mark("backward", timeline.COMPUTE, began)
             self._backward_began = 0
         self._armed = False
-        self.transport.deferred = False
+        self.transport.end_backward()
         if self._pump is not None:
             self._pump.stop()
             self._pump = None

@@ -42,7 +42,8 @@ _SETTINGS = {
     "AUTOTUNE_LOG": _Setting(
         "str", "",
         "With autotuning, rank 0 writes every setting tried, its measured steps and "
-        "cost, and the one chosen, to this CSV file. Empty: no file."),
+        "cost, and the one chosen, to this CSV file, appended after what it holds. "
+        "Empty: no file."),
     "AUTOTUNE_STEPS": _Setting(
         "int", 64,
         "The most training steps an autotuning search may take (warm-up steps after "

@@ -17,11 +17,11 @@ import warnings
 from datetime import timedelta
 from typing import Optional, Union
 
-from hpcddp.comm.startup import start_mpi
-from hpcddp.comm.tracker import keep_tracker_apart
 from hpcddp.env import ConfigError, detect_launcher, get_setting, unknown_settings
 from hpcddp.env.config import LOADER_WORKER_VARIABLE
 from hpcddp.env.torchrun import disagreements, export, torchrun_values
+from hpcddp.startup.mpi_init import start_mpi
+from hpcddp.startup.tracker import keep_tracker_apart
 
 # MPI starts here, bounded by HPCDDP_TIMEOUT (a rank that never starts MPI would hold
 # the others in MPI_Init for good); the imports below would start it unbounded.
@@ -33,13 +33,13 @@ if detect_launcher().world_size is not None:
 
 from mpi4py import MPI  # noqa: E402
 
-from hpcddp.comm import lifetime  # noqa: E402
-from hpcddp.comm.abort import abort_job, install_abort_hook, uninstall_abort_hook  # noqa: E402
-from hpcddp.comm.topology import MissingRanksError  # noqa: E402
-from hpcddp.comm.watchdog import Watchdog  # noqa: E402
 from hpcddp.backend.groups import destroy_default_group, init_default_group  # noqa: E402
-from hpcddp.timeline import connect as connect_timeline, start_timeline  # noqa: E402
+from hpcddp.comm import lifetime  # noqa: E402
+from hpcddp.comm.topology import MissingRanksError  # noqa: E402
+from hpcddp.faults.abort import abort_job, install_abort_hook, uninstall_abort_hook  # noqa: E402
+from hpcddp.faults.watchdog import Watchdog  # noqa: E402
 from hpcddp.runtime.world import World  # noqa: E402
+from hpcddp.timeline.profiler import connect as connect_timeline, start_timeline  # noqa: E402
 
 __all__ = ["current_world", "finalize", "get_world", "init", "shutdown"]
 
@@ -70,7 +70,7 @@ def init(comm=None, *, torch_group: Optional[bool] = None,
         torch_group: initialize torch.distributed's default group on MPI (unless one is
             already initialized). Defaults to ``HPCDDP_TORCH_GROUP`` (on).
         timeout: seconds (or a ``timedelta``) any hpcddp wait may last before the job
-            ends with a report of where it is stuck (``hpcddp.comm.watchdog``); 0 waits
+            ends with a report of where it is stuck (``hpcddp.faults.watchdog``); 0 waits
             for ever. Defaults to ``HPCDDP_TIMEOUT`` (600 s, as torch's). It also bounds
             the wait for every rank to reach ``init()``.
         timeline: record a timeline of every rank into this Chrome trace file, written
@@ -119,6 +119,8 @@ def init(comm=None, *, torch_group: Optional[bool] = None,
     if world.is_main:
         for message in unknown_settings():
             warnings.warn(message, stacklevel=2)
+        if world.network_advice():  # before a fault can crash a rank, not after
+            warnings.warn(f"hpcddp: {world.network_advice()}", stacklevel=2)
     _WORLD = world
     if get_setting("TORCH_GROUP") if torch_group is None else torch_group:
         init_default_group(_WORLD)
@@ -181,9 +183,10 @@ def current_world() -> Optional[World]:
     return _WORLD
 
 
-def _world_for_backend() -> World:
-    """The World for a group torch asks the backend for; it must not start torch's
-    default group again (torch is creating one)."""
+def world_for_torch() -> World:
+    """The ``World`` for a group or rendezvous torch asks the ``"hpcddp"`` backend for
+    (``hpcddp.backend.torch_init``): ``init()``'s, made without starting torch's default
+    group (torch is creating one)."""
     return _WORLD if _WORLD is not None else init(torch_group=False)
 
 

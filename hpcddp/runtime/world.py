@@ -13,20 +13,21 @@ from typing import Optional, Sequence, Tuple
 import torch
 from mpi4py import MPI
 
-from hpcddp.comm import activity, backoff
-from hpcddp.comm.agree import decide_on_root
-from hpcddp.comm.cuda_aware import detect_cuda_aware
+from hpcddp.comm import activity, backoff, serial
 from hpcddp.comm.lifetime import Closable, free_comm
-from hpcddp.comm.mpi_library import library_version_line
+from hpcddp.comm.outcome import decide_on_root
 from hpcddp.comm.ranks import by_value, ranks_text
 from hpcddp.comm.serial import serialize
-from hpcddp.comm.startup import JOB_SEGMENTS, unlink_mapped_segments
-from hpcddp.comm.threads import thread_level_name
+from hpcddp.comm.thread_level import thread_level_name
 from hpcddp.comm.topology import clone_comm, forget_segment_names, node_layout
 from hpcddp.env import (ConfigError, SingletonLaunchError, check_not_singleton, detect_launcher,
                         get_setting)
-from hpcddp.env.threads import choose_threads, torch_default
-from hpcddp.transport import policy
+from hpcddp.env.torch_threads import choose_threads, torch_default
+from hpcddp.startup.cuda_aware import detect_cuda_aware, info_value
+from hpcddp.startup.mpi_init import JOB_SEGMENTS, unlink_mapped_segments
+from hpcddp.startup.mpi_library import (library_version_line, mpich_network_module, rdma_devices,
+                                     ucx_on_tcp_advice)
+from hpcddp.transport.allreduce import policy
 
 __all__ = ["World", "device_index", "device_self_test"]
 
@@ -91,13 +92,13 @@ get = lambda a: a.cpu().numpy()
 
 
 def device_self_test():
-    """Run the two-process device-buffer checks of ``hpcddp.comm.selftest`` (Isend/Irecv,
+    """Run the two-process device-buffer checks of ``hpcddp.startup.selftest`` (Isend/Irecv,
     then Iallreduce), on CuPy arrays where CuPy is installed, else on torch tensors.
 
     Returns:
         a ``DeviceVerdict``; its ``reduction`` is what ``HPCDDP_REDUCE=auto`` uses.
     """
-    from hpcddp.comm.selftest import CUPY_PAIR_SETUP, pair_launcher, run_device_checks
+    from hpcddp.startup.selftest import CUPY_PAIR_SETUP, pair_launcher, run_device_checks
     setup = CUPY_PAIR_SETUP if importlib.util.find_spec("cupy") else _TORCH_PAIR_SETUP
     launcher = get_setting("SELFTEST_LAUNCHER")
     return run_device_checks(setup, pair_launcher(launcher) if launcher else None)
@@ -153,7 +154,7 @@ class World(Closable):
         yields: whether they do (``oversubscribed``, unless ``HPCDDP_YIELD`` says).
         thread_level: MPI's thread level ("multiple", ...).
         timeout: seconds an hpcddp wait may last before the job ends (0: no limit).
-        watchdog: the ``hpcddp.comm.watchdog.Watchdog`` that enforces it.
+        watchdog: the ``hpcddp.faults.watchdog.Watchdog`` that enforces it.
 
     ``close()`` frees the communicators (``hpcddp.shutdown()`` does it).
     """
@@ -182,7 +183,11 @@ class World(Closable):
         self.node_rank, self.num_nodes = layout.node_rank, layout.num_nodes
         self.is_main = self.rank == 0
         self.hostname = socket.gethostname()
-        self.hosts = self.comm.allgather(self.hostname)  # each rank's node, for reports
+        # Each rank's node, for reports, and whether it has an RDMA device (UCX's transport).
+        seen = self.comm.allgather((self.hostname, rdma_devices()))
+        self.hosts = [host for host, _ in seen]
+        self.network_module = mpich_network_module()  # None: not MPICH's ch4
+        self._tcp_hosts = sorted({host for host, devices in seen if not devices})
         self.launcher = detect_launcher().describe()
         self.device = _bind_device(self.local_comm)
         cores, self.oversubscribed = _cpus_for_rank(self.local_comm, self.comm)
@@ -195,7 +200,8 @@ class World(Closable):
         torch.set_num_threads(self.num_threads)
         self.thread_level = thread_level_name()
         override = get_setting("CUDA_AWARE")
-        aware = detect_cuda_aware(self.comm, override)
+        kinds = serial.call(info_value, self.comm, "mpi_memory_alloc_kinds")
+        aware = detect_cuda_aware(kinds, override)
         self.device_verdict = None  # the two-process self-test's, where it ran
         self.cuda_aware, self.cuda_aware_reason = aware.aware, aware.reason
         if aware.aware and override is None and torch.cuda.is_available():
@@ -206,6 +212,13 @@ class World(Closable):
         verdict = self.device_verdict
         self.device_reductions = self.cuda_aware and (verdict is None or verdict.iallreduce.passed)
         self._opened()
+
+    def network_advice(self) -> Optional[str]:
+        """What to set where MPICH's UCX module carries this job over TCP between nodes
+        (a site's MPICH; the mpich wheel runs ofi unless told otherwise), else None."""
+        if self.num_nodes > 1 and self.network_module == "ucx" and self._tcp_hosts:
+            return ucx_on_tcp_advice(self._tcp_hosts)
+        return None
 
     def _choose_reduction(self, setting: str) -> None:
         """Apply ``HPCDDP_REDUCE``: the allreduce algorithm, and staging when asked for.
@@ -226,7 +239,7 @@ class World(Closable):
         # agreed, so that a setting given to some ranks only cannot split the choice.
         halves = library_version_line().startswith("Open MPI") and \
             policy.OMPI_MCA_ALLREDUCE not in os.environ
-        self.reduction_layout = policy.Layout(
+        self.reduction_facts = policy.WorldFacts(
             nodes=self.num_nodes, ranks_per_node=self.local_size,
             uniform=len(set(self.comm.allgather(self.local_size))) == 1,
             buffers=policy.DEVICE if self.cuda_aware and on_gpu else
@@ -236,7 +249,7 @@ class World(Closable):
         device_ring = None if verdict is None or verdict.reduction != "ring" else \
             f"{verdict.iallreduce.reason}, while {verdict.p2p.reason}"
         self.reduction, self.reduction_reason = policy.for_world(
-            setting, self.reduction_layout, device_ring)
+            setting, self.reduction_facts, device_ring)
 
     def _confirm_cuda_aware(self) -> None:
         """Run the two-process device-buffer checks once (on rank 0) and keep the verdict:

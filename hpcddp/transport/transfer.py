@@ -1,21 +1,22 @@
 """``Transfer``: one tensor operation of a ``Transport``, from start to a usable result.
 
-An operation is one or more ``_Piece``s, each one MPI request with the bindings of the
+An operation is one or more ``Piece``s, each one MPI request with the bindings of the
 tensors it touches. The transfer brings each piece's result back once MPI has completed
 it, records the events a consumer stream waits for, and returns borrowed buffers.
 """
 
-from typing import Callable, List, NamedTuple, Optional, Sequence
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
 from mpi4py import MPI
 
-from hpcddp.comm import serial, timeline
+from hpcddp import timeline
+from hpcddp.comm import activity, serial
 from hpcddp.comm.handle import Handle
 from hpcddp.transport.routes import Binding, Route
 
-__all__ = ["Transfer", "Use", "reads", "updates", "writes"]
+__all__ = ["Issue", "Piece", "Transfer", "Use", "reads", "updates", "writes"]
 
 Issue = Callable[..., "MPI.Request"]
 
@@ -43,7 +44,7 @@ def updates(tensor: torch.Tensor) -> Use:
     return Use(tensor, read=True, write=True)
 
 
-class _Piece:
+class Piece:
     """A part of an operation with one MPI request: its bindings and how to issue it.
 
     It names its operation rather than holding its ``Transfer``: a piece that pointed back
@@ -98,15 +99,25 @@ class Transfer(Handle):
         name: for messages.
         result: what ``wait()`` returns.
         lane: the timeline's lane for its spans.
+        parts: ``(bindings, issue)`` of each piece: one MPI request each.
+        collective: ``(channel, seq, call)`` where the operation is a collective (the
+            watchdog's accounting, ``hpcddp.comm.activity``); None for point-to-point.
     """
 
     __slots__ = ("transport", "route", "pieces", "_streams", "_events", "lane")
 
     def __init__(self, transport, route: Route, name: str, result=None,
-                 lane: int = timeline.TORCH):
+                 lane: int = timeline.TORCH,
+                 parts: Sequence[Tuple[Sequence[Binding], Issue]] = (),
+                 collective: Optional[Tuple["activity.Channel", int, str]] = None):
         super().__init__(name=name, result=result, lock=transport.lock)
         self.transport, self.route, self.lane = transport, route, lane
-        self.pieces: List[_Piece] = []
+        if collective is not None:
+            self.channel, self.seq, self.call = collective
+        self.pieces: List[Piece] = [Piece(name, lane, bindings, issue)
+                                    for bindings, issue in parts]
+        for piece in self.pieces:  # for the watchdog, while complete_issued waits
+            piece.seq, piece.call = self.seq, self.call
         self._streams = []  # streams that copies back were queued on
         self._events = []   # recorded on them once every piece has finished
 
@@ -182,7 +193,7 @@ class Transfer(Handle):
         for event in self._events:
             event.synchronize()
 
-    def _bring_back(self, piece: _Piece) -> None:
+    def _bring_back(self, piece: Piece) -> None:
         if piece.finished:
             return
         piece.finished = True

@@ -8,7 +8,7 @@ what it can and ``Test``s what is in flight (MPI makes no progress while Python
 computes); it never blocks. A ``Transfer`` is the ``Handle`` of one operation.
 
 Its MPI calls are made by hpcddp's MPI thread (``hpcddp.comm.serial``) and its queues are
-guarded by ``hpcddp.comm.serial.LOCK``, so the futures' thread (``hpcddp.comm.progress``)
+guarded by ``hpcddp.comm.serial.LOCK``, so the futures' thread (``hpcddp.comm.progress_thread``)
 may complete transfers while the caller starts new ones, and the MPI thread's nudges
 (``serial.keep_moving``) move them while the caller waits elsewhere.
 """
@@ -19,15 +19,16 @@ from typing import Any, Callable, Deque, List, Optional, Sequence
 import torch
 from mpi4py import MPI
 
-from hpcddp.comm import activity, serial, timeline
+from hpcddp import timeline
+from hpcddp.comm import activity, serial
 from hpcddp.comm.backoff import Backoff
-from hpcddp.comm.fingerprint import CollectiveCheck
 from hpcddp.env import get_setting
-from hpcddp.transport.choice import Reductions
-from hpcddp.transport.reductions import Reduction
+from hpcddp.faults.fingerprint import CollectiveCheck
+from hpcddp.transport.allreduce.mpi import Reduction
+from hpcddp.transport.allreduce.policy import Reductions
 from hpcddp.transport.routes import DeviceRoute, HostRoute, Route
 from hpcddp.transport.staging import StagedRoute
-from hpcddp.transport.transfer import Issue, Transfer, Use, _Piece
+from hpcddp.transport.transfer import Issue, Piece, Transfer, Use
 
 __all__ = ["Transfer", "Transport"]
 
@@ -42,8 +43,9 @@ class Transport:
         pinned: page-lock the staging buffers (off only where there is no CUDA).
         chunk_bytes: staged allreduces travel in pieces of about this size (0: whole).
         reduction: how an allreduce is carried out at first: ``"mpi"`` (MPI's
-            ``Iallreduce``), ``"ring"`` (hpcddp's ring of point-to-point, ``ring.py``) or
-            ``"node"`` (``node_aware.py``); ``choice.py`` picks per buffer.
+            ``Iallreduce``), ``"ring"`` (hpcddp's ring of point-to-point) or ``"node"``
+            (node-aware), all in ``allreduce/``; ``allreduce.policy.Reductions`` picks
+            per buffer.
         device_reductions: MPI's own reductions other than allreduce (``Ireduce``,
             ``Ireduce_scatter``, through ``submit(..., reduces=True)``) may be given
             device buffers; False stages them (Open MPI's libnbc reduces on the host).
@@ -76,13 +78,13 @@ class Transport:
         self.device = DeviceRoute(cuda)
         self.staged = StagedRoute(cuda, pinned=pinned)
         self.lock = serial.LOCK  # the queues, shared with the futures' thread and nudges
-        self._unissued: Deque[_Piece] = deque()
-        self._issued: List[_Piece] = []  # issued, not yet seen complete
+        self._unissued: Deque[Piece] = deque()
+        self._issued: List[Piece] = []  # issued, not yet seen complete
         self.collectives = 0  # MPI operations issued, for inspection
         # While True (DDP's backward), ``advance`` on the training thread hands its work
         # to the MPI thread without waiting for it (``_posted``): a gradient hook goes on
         # computing while the bucket it launched is issued and moved.
-        self.deferred = False
+        self._deferred = False
         self._posted = False  # an advance is posted and not yet made
         self._failure: Optional[BaseException] = None  # raised by a posted advance
         serial.keep_moving(self)  # a ring in flight moves while its rank waits elsewhere
@@ -104,8 +106,29 @@ class Transport:
 
     @property
     def reduction(self) -> Reduction:
-        """The reduction in use (``reductions.use(name)`` switches it)."""
+        """The reduction in use (``use_reduction`` switches it)."""
         return self.reductions.current
+
+    def use_reduction(self, name: str) -> None:
+        """Carry out allreduces started from now on by ``name`` (``"mpi"``, ``"ring"``,
+        ``"node"``); those already started finish as they were issued.
+
+        .. warning:: Collective, at the same point on every rank.
+        """
+        self.reductions.use(name)
+
+    # -- DDP's backward ------------------------------------------------------------------
+
+    def begin_backward(self) -> None:
+        """From now until ``end_backward``, an ``advance`` on the training thread hands
+        its work to the MPI thread and returns at once: a gradient hook goes on computing
+        while the bucket it launched is issued and moved."""
+        self._deferred = True
+
+    def end_backward(self) -> None:
+        """Every ``advance`` is made on the caller's behalf again, before it returns (also
+        after a backward that raised)."""
+        self._deferred = False
 
     # -- operations ----------------------------------------------------------------------
 
@@ -179,19 +202,15 @@ class Transport:
             if self.check is not None:
                 self.check.verify(self.channel, seq, call)
         with self.lock:
-            transfer = Transfer(self, route, name, result, lane)
-            if call is not None:
-                transfer.channel, transfer.seq, transfer.call = self.channel, seq, call
-            transfer.pieces = [_Piece(name, lane, bindings, issue) for bindings, issue in parts]
-            for piece in transfer.pieces:  # for the watchdog, while complete_issued waits
-                piece.seq, piece.call = seq, call
+            transfer = Transfer(self, route, name, result, lane, parts,
+                                None if call is None else (self.channel, seq, call))
             self._unissued.extend(transfer.pieces)
             self.advance()
             return transfer
 
     # -- progress ------------------------------------------------------------------------
 
-    def _issue(self, piece: _Piece) -> None:
+    def _issue(self, piece: Piece) -> None:
         piece.issued_at = timeline.now()
         piece.request = piece.issue_fn(*piece.bindings)
         self.collectives += 1
@@ -207,7 +226,7 @@ class Transport:
             self._raise_failure()
             if not (self._issued or self._unissued):
                 return
-            if self.deferred:
+            if self._deferred:
                 if self._posted or serial.post(self._posted_advance):
                     self._posted = True
                     return
@@ -257,7 +276,7 @@ class Transport:
                 pending.append(piece)
         self._issued = pending
 
-    def _has_room_for(self, piece: _Piece) -> bool:
+    def _has_room_for(self, piece: Piece) -> bool:
         """Whether ``piece`` fits beside what is in flight (``inflight_bytes``): MPI's
         non-blocking reductions keep scratch the size of their message, so the bytes in
         flight are memory beside the tensors. The first piece always fits."""
@@ -354,7 +373,7 @@ class Transport:
         # none can start between here and the collective's issue.
         return collective()
 
-    def issue_through(self, piece: _Piece) -> None:
+    def issue_through(self, piece: Piece) -> None:
         """Issue every piece up to and including ``piece``, blocking on their events.
 
         .. warning:: Synchronization point with the producing streams.

@@ -1,4 +1,4 @@
-"""An emulated cluster of three nodes (network namespaces, ``tools.testbed``) for the
+"""An emulated cluster of three nodes (network namespaces, ``testbed``) for the
 tests in this folder, or a skip that says why, and a second one with a fabric beside its
 management network for the tests that fail only the fabric. Each is removed at the end
 of the session, also when a test fails; ``make test-cluster`` removes them again should
@@ -10,7 +10,7 @@ import re
 import pytest
 
 from cluster_util import ROOT, SLURM_ENV, SLURM_EPOCHS, SLURM_LAUNCH, SLURM_NODES
-from tools.testbed import EmulatedCluster, SlurmCluster, Unavailable
+from testbed import EmulatedCluster, SlurmCluster, Unavailable
 from train_output import final_result, read_log
 
 NAME = "hdtest"  # also in the Makefile's test-cluster target

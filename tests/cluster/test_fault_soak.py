@@ -4,7 +4,9 @@ fault lands at a random moment, and each run must end as the soak's target says:
 no crash, a line naming the node or rank where any rank lives to say it, within
 HPCDDP_TIMEOUT + 30 s, nothing of MPICH's left in /dev/shm and no rank left running
 after the ends hpcddp controls, and a resume that reaches the parameters of an
-uninterrupted run. The soak builds and removes its own cluster."""
+uninterrupted run, and a log file (the launcher's output, as under sbatch) that kept every
+line. Nothing is set but what make demo installs. The soak builds and removes its own
+cluster."""
 
 import json
 import subprocess
@@ -13,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.testbed import EmulatedCluster
-from tools.testbed.network import check_can_build
+from testbed import EmulatedCluster
+from testbed.network import check_can_build
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("ranks_killed", "link_down", "frozen", "stuck", "slow")
@@ -46,6 +48,8 @@ def test_each_fault_kind_once_at_serialized(tmp_path):
         assert row["hangs"] == 0 and row["crashes"] == 0, (kind, runs)
         assert row["ends_without_naming"] == 0, (kind, runs)
         assert row["identical"] == 1, (kind, runs)
+        # The launcher wrote to a regular file, as under sbatch, and it lost no line.
+        assert all(r["output"] == "file" and r["log_kept"] for r in runs), (kind, runs)
         if kind != "slow":  # the slow rank's run must go on to its end
             assert row["ended_within_timeout_plus_30"] == 1, (kind, runs)
         if kind in HPCDDP_ENDS:

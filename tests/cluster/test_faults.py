@@ -12,7 +12,7 @@ import time
 import pytest
 
 from cluster_util import finish, on_nodes, start_on_nodes, wait_for_line
-from hpcddp.tools.lost import lost_nodes
+from hpcddp.commands.lost import lost_nodes
 from jobs_util import mpi_flavour
 from reports import reports_said, the_report
 from train_output import parameters_digest

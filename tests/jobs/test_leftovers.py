@@ -2,7 +2,7 @@
 
 The launcher ends each rank with its whole process group. multiprocessing's resource
 tracker, which removes the semaphore names a killed process leaves, is started outside
-that group (``hpcddp.comm.tracker``), so it outlives the rank and removes them."""
+that group (``hpcddp.startup.tracker``), so it outlives the rank and removes them."""
 
 import time
 from pathlib import Path

@@ -9,6 +9,9 @@ and the checkout's ``examples/``, so nothing is written into the checkout.
 
 import os
 import re
+import shutil
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +69,31 @@ def test_the_readmes_links_lead_to_files_in_the_checkout():
     local = [link.split("#")[0] for link in links if "://" not in link and link[0] != "#"]
     assert local, "the README links to the docs"
     assert [link for link in local if not (ROOT / link).exists()] == []
+
+
+def test_the_readmes_install_line_installs_every_module_from_a_clone(tmp_path):
+    # The README's Slurm block installs hpcddp with the line after mpi4py's (mpi4py itself
+    # is built against the site's MPI there, so it and the other requirements are left
+    # out here: --no-deps). Run in a copy of the checkout, as a user's clone, into a fresh
+    # environment: the installed package holds every module the checkout has.
+    text = (ROOT / "README.md").read_text()
+    slurm = text[text.index("## On a Slurm cluster"):]
+    block = BLOCK.search(slurm).group(3)
+    lines = [line for line in block.splitlines() if line.startswith("pip install")]
+    assert lines, f"no install line in the README's Slurm block:\n{block}"
+    clone = tmp_path / "clone"
+    shutil.copytree(ROOT, clone, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "build", "*.egg-info", "__pycache__", ".pytest_cache"))
+    venv = tmp_path / "venv"
+    assert run_command([sys.executable, "-m", "venv", "--without-pip", str(venv)]).returncode == 0
+    pip = f"{BIN / 'python'} -m pip --python {venv / 'bin' / 'python'}"
+    for line in lines:
+        job = run_command(["bash", "-euo", "pipefail", "-c",
+                           line.replace("pip install", f"{pip} install --no-deps", 1)],
+                          cwd=clone, timeout=300)
+        assert job.returncode == 0, f"README: {line}\n{job.output[-3000:]}"
+    site = run_command([str(venv / "bin" / "python"), "-c",
+                        "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+    installed = Path(site.output.strip().splitlines()[-1]) / "hpcddp"
+    modules = sorted(str(p.relative_to(ROOT / "hpcddp")) for p in (ROOT / "hpcddp").rglob("*.py"))
+    assert sorted(str(p.relative_to(installed)) for p in installed.rglob("*.py")) == modules

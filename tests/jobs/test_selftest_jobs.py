@@ -7,7 +7,7 @@ import pytest
 import torch
 from jobs_util import mpich_segments, segments_left_since
 
-from hpcddp.comm.selftest import HOST_PAIR_SETUP, pair_launcher, run_device_checks
+from hpcddp.startup.selftest import HOST_PAIR_SETUP, pair_launcher, run_device_checks
 
 # The same job with MPI's allreduce replaced by a segfault, the way a libnbc reduction
 # with host code on a device pointer ends.

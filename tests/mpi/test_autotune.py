@@ -149,6 +149,14 @@ class _nothing:
 
 def test_what_was_tried_is_logged_on_rank_0(world, tune_env, folder, monkeypatch, capfd):
     log = world.comm.bcast(folder + ".csv" if world.rank == 0 else None)
+    earlier = None
+    if world.rank == 0:  # an earlier run's search: kept, the new one after it
+        from hpcddp.ddp.autotune import _LOG_FIELDS
+        earlier = dict.fromkeys(_LOG_FIELDS, "earlier")
+        with open(log, "w", newline="") as f:
+            writer = csv.DictWriter(f, _LOG_FIELDS)
+            writer.writeheader()
+            writer.writerow(earlier)
     monkeypatch.setenv("HPCDDP_AUTOTUNE_LOG", log)
     monkeypatch.setenv("HPCDDP_AUTOTUNE", "1")  # on without touching the code
     ddp = hpcddp.DistributedDataParallel(Deep(), bucket_cap_mb=0.5)
@@ -163,6 +171,7 @@ def test_what_was_tried_is_logged_on_rank_0(world, tune_env, folder, monkeypatch
         assert "hpcddp autotune: chose reduction=" in err
         with open(log) as f:
             rows = list(csv.DictReader(f))
+        assert rows.pop(0) == earlier
         tried = [r for r in rows if r["chosen"] == "0"]
         assert len(tried) == len(ddp.tuner.search.history) >= 3
         assert tried[0]["bucket_cap_mb"] == "0.5"  # the start: the cap given

@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import hpcddp
 import hpcddp.checkpoint as checkpoint
-from hpcddp.transport.ring import POOL_CHUNKS, Ring
+from hpcddp.transport.allreduce.ring import POOL_CHUNKS, Ring
 
 MIB = 1 << 20
 _M_MMAP_THRESHOLD = -3

@@ -3,6 +3,8 @@ default group's store (gloo's ranks swap addresses there), which rank 0 serves a
 process joins only when something first needs it. Checked against the sums themselves
 and against torch's own gloo group made the usual way."""
 
+from datetime import timedelta
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -16,15 +18,39 @@ def _default_store():
 
 def test_hpcddp_groups_open_no_connection(world):
     # MPI alone starts the job: before anything asks for another backend's group, no
-    # rank but rank 0 (which serves the store) has touched TCP.
+    # rank has touched TCP, and rank 0 serves no store (below MPI_THREAD_SERIALIZED,
+    # where no thread may answer a question later, it opens it at init()).
     group = dist.new_group(list(range(world.size)))  # hpcddp's backend
     dist.barrier(group)
     store = _default_store()
     inner = store.underlying_store if hasattr(store, "underlying_store") else store
     assert isinstance(inner, SharedStore)
     connected = world.comm.allgather(inner.connected)
-    assert connected[0], "rank 0 serves the store"
-    assert not any(connected[1:]), f"ranks connected to the store: {connected}"
+    assert not any(connected), f"ranks connected to the store: {connected}"
+    serving = world.comm.allgather(inner.broker.serving)
+    assert serving == [world.thread_level not in ("multiple", "serialized")] + \
+        [False] * (world.size - 1), serving
+
+
+def test_a_client_without_the_jobs_secret_finds_no_key(world):
+    # Anyone who reaches the store's port can connect (torch's TCPStore authenticates
+    # nobody); the keys are under the secret that rank 0 sent the ranks through MPI.
+    store = _default_store()
+    inner = store.underlying_store if hasattr(store, "underlying_store") else store
+    inner.set(f"probe-{world.rank}", b"the job's")
+    world.comm.Barrier()
+    if world.rank == 0:
+        host, port = inner.broker.where()
+        outsider = dist.TCPStore(host, port, world.size, False, timeout=timedelta(seconds=2))
+        keys = [f"probe-{r}" for r in range(world.size)]
+        assert not outsider.check(keys)
+        with pytest.raises(Exception):  # a key it names is one it waits for in vain
+            outsider.get("probe-0")
+        secret = inner.broker.secret
+        assert len(secret) == 32 and outsider.check([f"{secret}/{k}" for k in keys])
+        if world.num_nodes == 1:
+            assert host == "127.0.0.1"
+    world.comm.Barrier()
 
 
 def test_a_gloo_group_beside_hpcddps_default_group_works(world, gloo):

@@ -163,7 +163,7 @@ def test_a_chunk_is_sent_on_only_after_its_sum_has_completed(world):
     # before the event after that sum completes, or it would send stale data.
     if world.size == 1:
         pytest.skip("a ring of one rank has no steps")
-    from hpcddp.transport.ring import Ring, ScratchPool
+    from hpcddp.transport.allreduce.ring import Ring, ScratchPool
     cuda = _SumStream()
     data = _values(world, 40, torch.float64, salt=9)
     expected = sum(world.comm.allgather(data.numpy()))
@@ -187,7 +187,7 @@ def test_rings_sharing_little_scratch_all_finish_however_each_rank_tests_them(wo
     # no more scratch than the pool's is ever made.
     if world.size == 1:
         pytest.skip("a ring of one rank has no steps")
-    from hpcddp.transport.ring import Ring, ScratchPool
+    from hpcddp.transport.allreduce.ring import Ring, ScratchPool
     slice_bytes = 64  # 16 floats a slice: a ring of 100 floats has 7 slices
     pool = ScratchPool(Ring.chunk_elements(world.size, slice_bytes, 4), torch.float32, "cpu",
                        chunks=chunks)

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 import hpcddp
 from ddp_models import MLP
-from hpcddp.comm import timeline
-from hpcddp.timeline import start_timeline
+from hpcddp import timeline
+from hpcddp.timeline.profiler import start_timeline
 
 
 def _steps(model, steps=3):

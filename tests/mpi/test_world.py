@@ -11,7 +11,7 @@ import torch
 from mpi4py import MPI
 
 import hpcddp
-from hpcddp.comm.mpi_library import launcher_of_loaded_mpi
+from hpcddp.startup.mpi_library import launcher_of_loaded_mpi
 
 
 def test_rank_and_size_are_mpis(world):
@@ -164,7 +164,7 @@ def test_cuda_awareness_of_this_mpi_is_explained(world):
 def test_self_test_runs_as_a_job_of_its_own_from_inside_this_one(world):
     # The launcher's variables are removed, the MPI settings kept: the two processes
     # start as a job of their own, neither joining this job nor failing to start.
-    from hpcddp.comm.selftest import HOST_PAIR_SETUP, pair_launcher, run_pair_check
+    from hpcddp.startup.selftest import HOST_PAIR_SETUP, pair_launcher, run_pair_check
     world = hpcddp.get_world()  # not the module's fixture: a test above re-initialized
     if world.rank == 0:
         result = run_pair_check(pair_launcher(), "p2p", HOST_PAIR_SETUP, timeout=60)

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from jobs_util import ROOT
-from tools.testbed import SlurmCluster, Unavailable
+from testbed import SlurmCluster, Unavailable
 
 
 @pytest.fixture(scope="session")

@@ -116,8 +116,8 @@ def mpich_segments():
 
 def job_segments():
     """The names in /dev/shm now that any MPI library gives a job's shared memory
-    (``hpcddp.comm.startup.JOB_SEGMENTS``: MPICH's, Open MPI's, UCX's, Intel MPI's)."""
-    from hpcddp.comm.startup import JOB_SEGMENTS
+    (``hpcddp.startup.mpi_init.JOB_SEGMENTS``: MPICH's, Open MPI's, UCX's, Intel MPI's)."""
+    from hpcddp.startup.mpi_init import JOB_SEGMENTS
 
     return {path.name for path in Path("/dev/shm").iterdir()
             if re.match(JOB_SEGMENTS, str(path))} if Path("/dev/shm").is_dir() else set()

@@ -1,5 +1,5 @@
 """The JSON reports that ranks ending a job write where ``HPCDDP_REPORT_DIR`` says
-(``hpcddp.comm.report``): the tests assert what a failure means through their fields,
+(``hpcddp.faults.report``): the tests assert what a failure means through their fields,
 and each message's wording once, in tests/unit/test_report_words.py."""
 
 import json

@@ -4,7 +4,7 @@ import time
 
 from hpcddp.comm import backoff as backoff_module
 from hpcddp.comm.backoff import Backoff, poll_until
-from hpcddp.transport.node_aware import _Slices
+from hpcddp.transport.allreduce.node_aware import _Slices
 
 
 class _Clock:

@@ -1,6 +1,6 @@
 """Doctor's cross-rank consistency check."""
 
-from hpcddp.tools.doctor import find_advice, find_problems
+from hpcddp.commands.doctor import find_advice, find_problems
 
 
 def _report(rank, **changes):

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from tools.testbed import EmulatedCluster
-from tools.testbed.network import parse_rate, tbf_burst
+from testbed import EmulatedCluster
+from testbed.network import parse_rate, tbf_burst
 
 
 @pytest.mark.parametrize("rate,bits", [("1gbit", 1e9), ("2.5gbit", 2.5e9), ("100mbit", 1e8),
@@ -87,7 +87,7 @@ def test_without_a_fabric_mpi_keeps_the_one_network():
 
 CHILD = textwrap.dedent("""
     import sys, time
-    from hpcddp.comm.launcher_guard import end_launcher_later, launcher_ancestor
+    from hpcddp.faults.launcher_guard import end_launcher_later, launcher_ancestor
     print(launcher_ancestor(), flush=True)
     if sys.argv[1] == "end":
         end_launcher_later(0.5)
@@ -181,3 +181,33 @@ def test_the_launchers_children_that_hold_its_output_end_with_it(tmp_path):
     # launcher's output, so a reader sees no end of it while the client lives.
     err = _ended_by_the_guard(_launcher(tmp_path, "sleep 120 & wait"))
     assert "ending mpiexec and the 1 process it started on this node" in err, err
+
+
+def test_a_batch_log_keeps_every_line_the_job_wrote_before_and_after_the_guards(tmp_path):
+    # As under sbatch: the launcher's output is a regular file it did not open with
+    # O_APPEND. The guard's line goes in between the job's lines, and nothing is lost:
+    # reopened with mode "w" by its /proc path, the log kept the guard's line alone, then
+    # NUL bytes up to where the launcher went on writing.
+    script = _launcher(tmp_path, "echo 'the job, before the guard' >&2\n"
+                                 "trap 'echo \"the launcher, after SIGTERM\" >&2; exit 143' TERM\n"
+                                 "sleep 60 >/dev/null 2>&1 & wait")
+    log = tmp_path / "job.log"
+    start = time.monotonic()
+    with open(log, "w") as out:  # the shell's `> job.log 2>&1`: no O_APPEND
+        out.write("the batch script, first line\n")
+        out.flush()
+        proc = subprocess.Popen([str(script), sys.executable, "-c", CHILD, "end"],
+                                stdout=out, stderr=out, start_new_session=True)
+        try:
+            proc.wait(timeout=50)
+        finally:
+            os.killpg(proc.pid, 9)
+    assert proc.returncode == 143 and time.monotonic() - start < 30
+    text = log.read_text()
+    assert "\0" not in text, repr(text)
+    lines = [line for line in text.splitlines() if not line.startswith("(")]
+    order = ["the batch script, first line", "the job, before the guard", "hpcddp: mpiexec",
+             "the launcher, after SIGTERM"]
+    found = [next((i for i, line in enumerate(lines) if line.startswith(o)), None)
+             for o in order]
+    assert None not in found and found == sorted(found), text

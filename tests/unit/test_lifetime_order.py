@@ -38,3 +38,23 @@ def test_an_owner_at_a_dead_owners_address_is_closed_as_the_newest():
     lifetime.close_all()
     assert Owner.closed == ["newest", "kept"]
     assert lifetime.open_count() == 0
+
+
+class Failing(Owner):
+    def close(self):
+        super().close()
+        raise OSError(9, "Bad file descriptor")
+
+
+def test_an_owner_that_fails_to_close_does_not_keep_the_older_ones_open():
+    # Every rank closes its owners collectively: one that raises on this rank must not
+    # leave the rest open here while the other ranks wait in their close().
+    import pytest
+
+    Owner.closed.clear()
+    for owner in (Owner("oldest"), Failing("failing"), Owner("newest")):
+        lifetime.register(owner, keep_alive=True)
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        lifetime.close_all()
+    assert Owner.closed == ["newest", "failing", "oldest"]
+    assert lifetime.open_count() == 0

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hpcddp.tools.lost import LOST_EXIT, from_launcher, from_reports
+from hpcddp.commands.lost import LOST_EXIT, from_launcher, from_reports
 
 DEATHS = {
     "srun": "srun: error: n2: task 3: Killed\nsrun: Terminating StepId=7.0\n"

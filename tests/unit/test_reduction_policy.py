@@ -3,12 +3,12 @@
 import pytest
 
 from hpcddp.env import ConfigError
-from hpcddp.transport.policy import DEVICE, HOST, PINNED, Layout, for_buffer, for_world, \
-    worth_trying
+from hpcddp.transport.allreduce.policy import (DEVICE, HOST, PINNED, WorldFacts, for_buffer,
+                                              for_world, worth_trying)
 
 
 def layout(nodes, per_node, uniform=True, buffers=HOST):
-    return Layout(nodes, per_node, uniform, buffers)
+    return WorldFacts(nodes, per_node, uniform, buffers)
 
 
 @pytest.mark.parametrize("facts, name, why", [
@@ -27,12 +27,12 @@ def test_auto_takes_the_reduction_the_layout_calls_for(facts, name, why):
 
 
 def test_auto_takes_the_ring_on_two_nodes_where_mpi_uses_links_one_way_at_a_time():
-    halves = Layout(2, 1, True, HOST, mpi_halves_links=True)
+    halves = WorldFacts(2, 1, True, HOST, mpi_halves_links=True)
     choice = for_world("auto", halves)
     assert choice.name == "ring" and "OMPI_MCA_coll_libnbc_iallreduce_algorithm=1" in choice.reason
     assert for_world("auto", layout(2, 1)).name == "mpi"  # MPICH, Intel MPI: theirs is fine
-    assert for_world("auto", Layout(2, 1, True, PINNED, mpi_halves_links=True)).name == "mpi"
-    assert for_world("auto", Layout(2, 2, True, HOST, mpi_halves_links=True)).name == "node"
+    assert for_world("auto", WorldFacts(2, 1, True, PINNED, mpi_halves_links=True)).name == "mpi"
+    assert for_world("auto", WorldFacts(2, 2, True, HOST, mpi_halves_links=True)).name == "node"
     assert for_world("mpi", halves).name == "mpi"  # a setting is taken as given
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from hpcddp.comm.report import describe_rank, wait_report_text, write_report
+from hpcddp.faults.report import describe_rank, wait_report_text, write_report
 
 WAIT = {"what": "allreduce (sum) of 3 float32 (12 B)", "call": "allreduce (sum) of float32[3]",
         "channel": "torch.distributed", "seq": 7}

@@ -1,6 +1,6 @@
 """The ring's chunks: a pure function of the buffer length and the world size."""
 
-from hpcddp.transport.ring import ring_bounds
+from hpcddp.transport.allreduce.ring import ring_bounds
 
 
 def test_ring_chunks_cover_the_buffer_with_sizes_differing_by_one():

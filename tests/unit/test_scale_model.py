@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from hpcddp.tools.predict import bucket_bytes
-from hpcddp.tools.scale_model import (Fabric, Link, Workload, allreduce_seconds,
+from hpcddp.commands.predict import bucket_bytes
+from hpcddp.commands.scale_model import (Fabric, Link, Workload, allreduce_seconds,
                                       ddp_step_seconds, fit_link)
 
 ALPHA, BETA = 50e-6, 1 / 30e6          # the link: 50 us, 30 MB/s

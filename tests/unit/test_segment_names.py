@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(not SHM.is_dir(), reason="needs /dev/shm")
 
 _MAPPER = r"""
 import json, mmap, sys
-from hpcddp.comm.startup import JOB_SEGMENTS, MPICH_SEGMENT, unlink_mapped_segments
+from hpcddp.startup.mpi_init import JOB_SEGMENTS, MPICH_SEGMENT, unlink_mapped_segments
 pattern, names = sys.argv[1], sys.argv[2:]
 maps = []
 for name in names:
@@ -75,7 +75,7 @@ def test_init_removes_only_mpich_node_segment(shm_files):
 
 
 def test_an_unreadable_map_removes_nothing(shm_files, tmp_path):
-    from hpcddp.comm.startup import JOB_SEGMENTS, unlink_mapped_segments
+    from hpcddp.startup.mpi_init import JOB_SEGMENTS, unlink_mapped_segments
 
     path = Path(shm_files(f"mpich_shm_{uuid.uuid4().hex[:8]}_0")[0])
     assert unlink_mapped_segments(str(tmp_path / "no-such-maps"), JOB_SEGMENTS) == []

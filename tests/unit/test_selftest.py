@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from hpcddp.comm import mpi_library as library
-from hpcddp.comm import selftest
-from hpcddp.comm.selftest import DeviceVerdict, SelfTest, pair_launcher, run_pair_check
+from hpcddp.startup import mpi_library as library
+from hpcddp.startup import selftest
+from hpcddp.startup.selftest import DeviceVerdict, SelfTest, pair_launcher, run_pair_check
 from hpcddp.env import clean_environment
 
 

@@ -1,5 +1,5 @@
 """multiprocessing's resource tracker outside the process group a launcher kills
-(``hpcddp.comm.tracker``), on real processes: a stand-in rank leads its own session,
+(``hpcddp.startup.tracker``), on real processes: a stand-in rank leads its own session,
 as under Hydra, makes a queue for spawn workers, and its whole group is killed."""
 
 import os
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 RANK = r"""
 import multiprocessing, sys, time
-from hpcddp.comm.tracker import keep_tracker_apart
+from hpcddp.startup.tracker import keep_tracker_apart
 
 def work(queue):
     queue.get()

@@ -418,7 +418,7 @@ def test_a_deferred_advance_goes_on_at_once_and_its_error_comes_back_later(cuda)
     if OWNER.thread is None:
         pytest.skip("MPI runs below MPI_THREAD_SERIALIZED here: hpcddp has no MPI thread")
     t = transport(cuda)
-    t.deferred = True
+    t.begin_backward()
     caller_went_on = threading.Event()
 
     def issue(binding):  # on the MPI thread, held until the caller has gone on
@@ -428,7 +428,7 @@ def test_a_deferred_advance_goes_on_at_once_and_its_error_comes_back_later(cuda)
     caller_went_on.set()
     for _ in range(2):  # the turn that made the posted advance has ended
         serial.call(lambda: None)
-    t.deferred = False
+    t.end_backward()
     with pytest.raises(RuntimeError, match="MPI refused the bucket"):
         t.advance()
     t.advance()  # raised once, then gone

@@ -35,6 +35,9 @@ parser.add_argument("--act", choices=("stuck", "slow"), default="stuck")
 args = parser.parse_args()
 
 world = hpcddp.init()
+if world.is_main:  # what MPI runs on, for the fault soak's record
+    from hpcddp.startup.mpi_library import mpich_network_module
+    print(f"network_module={mpich_network_module()}", flush=True)
 torch.manual_seed(0)
 model = hpcddp.DistributedDataParallel(
     nn.Sequential(nn.Linear(32, args.width), nn.ReLU(), nn.Linear(args.width, 4)),

@@ -16,7 +16,7 @@ import torch
 from mpi4py import MPI
 
 import hpcddp.checkpoint as checkpoint
-from hpcddp.comm.startup import unlink_mapped_segments
+from hpcddp.startup.mpi_init import unlink_mapped_segments
 
 # This writer is killed on purpose, before MPI_Finalize would remove the name of MPICH's
 # segment: a singleton has no other rank to attach it, so the name goes now.

@@ -46,12 +46,19 @@ def _named_segments():
                        and not line.rstrip().endswith("(deleted)")})
 
 
+def say(line):
+    """One write for the line: under PYTHONUNBUFFERED, print() writes the newline apart,
+    and another rank's line can land between them in the launcher's output."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def main(scenario):
     torch.set_num_threads(1)
     from mpi4py import MPI  # MPI_Init, as a script that imports mpi4py first does
-    print(f"segments before init: {' '.join(_named_segments()) or '-'}", flush=True)
+    say(f"segments before init: {' '.join(_named_segments()) or '-'}")
     world = hpcddp.init()
-    print(f"rank {world.rank} pid {os.getpid()}", flush=True)
+    say(f"rank {world.rank} pid {os.getpid()}")
     torch.manual_seed(0)
     model = hpcddp.DistributedDataParallel(nn.Linear(4, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

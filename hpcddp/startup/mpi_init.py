@@ -1,0 +1,148 @@
+"""Starting MPI without waiting forever for a rank that never will.
+
+``MPI_Init`` waits for every process the launcher started. A rank that fails before it
+ever initializes MPI (an import error on one node) leaves the others inside
+``MPI_Init`` for good: Hydra and most launchers do not end a job for one process's
+non-zero exit while the rest wait in PMI. ``MPI_Init`` holds Python's GIL, so no thread
+of this process can intervene; a small watcher process can. It is started before MPI
+(nothing of MPI is inherited), and if ``MPI_Init`` has not returned within
+``HPCDDP_TIMEOUT`` it prints why and kills this rank, which makes the launcher end the
+job. It is stopped the moment ``MPI_Init`` returns. Before it kills the rank it removes the
+names of the MPI library's segments that the rank has mapped (MPICH's node segment and
+the like, ``JOB_SEGMENTS``): ``MPI_Init`` names them, only ``MPI_Finalize`` removes the
+names, and ``hpcddp.init()``, which removes MPICH's otherwise, is never reached (the
+memory itself goes with the node's last rank).
+
+A process that ``multiprocessing`` started from a rank (a DataLoader worker under
+``spawn`` or ``forkserver``, which imports the training script again) never starts MPI:
+``MPI_Init`` there fails deep in PMI with a stack that hides the cause. It prints one
+line naming the cause and the fix and exits, and the rank's DataLoader then fails, which
+ends the job. A child forked after ``hpcddp.init()`` has MPI in its memory already and
+is not refused.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from typing import List
+
+__all__ = ["JOB_SEGMENTS", "MPICH_SEGMENT", "refuse_in_child", "start_mpi",
+           "unlink_mapped_segments"]
+
+# MPICH's node segment, made in MPI_Init and named until MPI_Finalize unlinks it:
+# /dev/shm/mpich_shm_<hash of the job>_<node>. Its other segments are unlinked once attached.
+MPICH_SEGMENT = r"^/dev/shm/mpich_shm_[0-9a-f]+_[0-9]+$"
+# Every name an MPI library gives a job's shared memory in /dev/shm and removes only in
+# MPI_Finalize (or, for Open MPI, its daemon at the job's end): MPICH's node segment, Open
+# MPI's sm segment (sm_segment.<host>.<uid>.<job>.<local rank>), UCX's POSIX segments,
+# Intel MPI's. A process that is ending may remove them all: no rank of an ending job
+# attaches any more.
+JOB_SEGMENTS = (r"^/dev/shm/(mpich_shm_[0-9a-f]+_[0-9]+|sm_segment\.[^/]+|"
+                r"ucx_shm_posix_[0-9a-f]+|Intel_MPI_[^/]+)$")
+
+_WATCHER = r"""
+import os, re, signal, sys, time
+parent, seconds, message, segment = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
+deadline = time.monotonic() + seconds
+while time.monotonic() < deadline:
+    time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+    if os.getppid() != parent:
+        sys.exit(0)
+sys.stderr.write(message)
+sys.stderr.flush()
+try:
+    with open(f"/proc/{parent}/maps") as maps:
+        names = {line.split()[-1] for line in maps if "/dev/shm/" in line}
+except OSError:
+    names = set()
+for name in names:
+    if re.match(segment, name):
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
+os.kill(parent, signal.SIGKILL)
+"""
+
+
+def unlink_mapped_segments(maps: str = "/proc/self/maps",
+                           pattern: str = MPICH_SEGMENT) -> List[str]:
+    """Unlink the names of the segments in /dev/shm that this process maps and that match
+    ``pattern`` (MPICH's node segment unless told); return them.
+
+    The mapping stays: the memory goes with the node's last process, however it ends.
+    A rank of the same node still in ``MPI_Init`` can no longer attach, so this is for a
+    node whose ranks have all mapped it, or a job that is ending.
+    """
+    try:
+        with open(maps) as mapped:
+            names = {line.split()[-1] for line in mapped if "/dev/shm/" in line}
+    except OSError:
+        return []
+    removed = []
+    for name in sorted(n for n in names if re.match(pattern, n)):
+        try:
+            os.unlink(name)
+            removed.append(name)
+        except OSError:
+            pass  # gone already, or not ours to remove
+    return removed
+
+
+def _launched_rank() -> str:
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if var in os.environ:
+            return f"rank {os.environ[var]} ({var})"
+    return "this rank"
+
+
+def refuse_in_child() -> None:
+    """Exit with one line on stderr if this process is a ``multiprocessing`` child of
+    a launched rank that has not started MPI (it would start it now)."""
+    import multiprocessing
+
+    parent = multiprocessing.parent_process()
+    # While a spawn/forkserver child imports the parent's main module again, it has no
+    # parent_process() yet; it is "inheriting" (what multiprocessing itself checks).
+    inheriting = getattr(multiprocessing.current_process(), "_inheriting", False)
+    rank = _launched_rank()
+    if (parent is None and not inheriting) or rank == "this rank":
+        return
+    sys.stderr.write(
+        f"hpcddp: hpcddp.init() or init_process_group(\"hpcddp\") ran in a process that "
+        f"multiprocessing started from {rank} "
+        f"(pid {os.getpid()}): a child process must not join the MPI job. A 'spawn' or "
+        f"'forkserver' child (a DataLoader worker) imports the training script again; put "
+        f"the script's training code under `if __name__ == \"__main__\":`.\n")
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def start_mpi(timeout: float) -> None:
+    """Import ``mpi4py.MPI`` (``MPI_Init``), ending this rank if that takes longer than
+    ``timeout`` seconds in a job of several ranks. Does nothing once MPI is started;
+    refuses a child process of a rank (``refuse_in_child``).
+    """
+    if "mpi4py.MPI" in sys.modules:
+        return
+    refuse_in_child()
+    from hpcddp.env import detect_launcher
+    from hpcddp.env.netmod import apply_netmod
+
+    apply_netmod()  # the mpich wheel's network module, before MPI_Init reads it
+
+    if not timeout or (detect_launcher().world_size or 1) < 2:
+        from mpi4py import MPI  # noqa: F401
+        return
+    message = (f"hpcddp: {_launched_rank()}: MPI_Init did not return within {timeout:g} s "
+               f"(HPCDDP_TIMEOUT): another rank of this job has not started MPI. It may "
+               f"have failed before (its error is printed above); ending the job.\n")
+    watcher = subprocess.Popen([sys.executable, "-S", "-c", _WATCHER, str(os.getpid()),
+                                str(timeout), message, JOB_SEGMENTS],
+                               stdin=subprocess.DEVNULL)
+    try:
+        from mpi4py import MPI  # noqa: F401
+    finally:
+        watcher.kill()
+        watcher.wait()
