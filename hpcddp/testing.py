@@ -29,11 +29,36 @@ def pytest_configure(config):
     import hpcddp
 
     world = _state["world"] = hpcddp.init()
+    capture = config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:
+        _hand_over_capture_at_abort(capture, world.rank)
     if world.rank != 0:
         # One report for the job: rank 0's. Failures elsewhere are printed before abort.
         reporter = config.pluginmanager.getplugin("terminalreporter")
         if reporter is not None:
             config.pluginmanager.unregister(reporter)
+
+
+def _hand_over_capture_at_abort(capture, rank):
+    """An abort from inside a test (a helper thread's uncaught exception) would end the
+    process with what it printed still in pytest's capture: hand that to the real
+    stdout and stderr first, so the job's output says why it ended."""
+    import sys
+
+    from hpcddp.faults.abort import BEFORE_ABORT
+
+    def release():
+        if not capture.is_globally_capturing():
+            return
+        out, err = capture.read_global_capture()
+        capture.suspend_global_capture(in_=True)
+        for text, stream in ((out, sys.stdout), (err, sys.stderr)):
+            if text:
+                stream.write("".join(f"[rank {rank}] {line}"
+                                     for line in text.splitlines(True)))
+                stream.flush()
+    BEFORE_ABORT.append(release)
+    _state["release"] = release
 
 
 def pytest_report_header(config):
@@ -63,6 +88,10 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_unconfigure(config):
+    from hpcddp.faults.abort import BEFORE_ABORT
+
+    if _state.get("release") in BEFORE_ABORT:
+        BEFORE_ABORT.remove(_state.pop("release"))
     if "world" in _state:
         seconds = float(os.environ.get("HPCDDP_TEST_EXIT_S", "300"))
         faulthandler.dump_traceback_later(seconds, exit=True)

@@ -88,10 +88,10 @@ def save(directory, model: nn.Module, optimizer=None, scheduler=None, scaler=Non
     .. warning:: Collective and a synchronization point.
     """
     comm = _comm(comm)
-    with activity.blocking("checkpoint.save: gathering random states", comm):
+    with activity.named("checkpoint.save: gathering random states"):
         rngs = comm.gather(capture_rng(), root=0)
     ddp = _bucketed(model)
-    with activity.blocking("checkpoint.save: gathering comm hook states", comm):
+    with activity.named("checkpoint.save: gathering comm hook states"):
         hooks = comm.gather(capture_hook_state(ddp.comm_hook_state) if ddp else None,
                             root=0)
     if comm.rank != 0:
@@ -179,7 +179,7 @@ def _receive_verified(comm, directory, device, allow_damaged=False):
         if header is None:
             return None
         path, size = header
-        with activity.blocking(f"checkpoint.load: broadcast of {path}", comm):
+        with activity.named(f"checkpoint.load: broadcast of {path}"):
             delivered = deliver(comm, opened, os.path.join(path, store.STATE), size,
                                 _node_of(comm))
         try:
@@ -193,7 +193,7 @@ def _receive_verified(comm, directory, device, allow_damaged=False):
             opened.close()
         if good:
             # The bytes are what was published: a failure to read them is everyone's.
-            with activity.blocking("checkpoint.load: agreement on deserializing", comm):
+            with activity.named("checkpoint.load: agreement on deserializing"):
                 failed = comm.allreduce(isinstance(state, Exception), op=MPI.LOR)
             if failed:
                 raise state if isinstance(state, Exception) else RuntimeError(

@@ -65,8 +65,8 @@ class Delivered:
 
 
 def _populated_map(fd, size) -> mmap.mmap:
-    """A private, writable map of ``fd`` with its pages mapped at once: sending 72 MiB
-    through MPI from a map that faults page by page costs about 20 ms more here.
+    """A private, writable map of ``fd`` with its pages mapped at once: MPI sending from
+    a map that faults page by page takes a page fault per page.
 
     Writable because MPI_Bcast's buffer is INOUT at the root too: MPICH's broadcast of a
     large message to 8 ranks or more (scatter, then an allgather) writes the root's own

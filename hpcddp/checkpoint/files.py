@@ -24,8 +24,9 @@ __all__ = ["DIGEST", "DIGESTS", "HashingWriter", "digest_of", "fsync_dir", "publ
 
 
 # New checkpoints are checked with XXH3-128: a corruption check needs no cryptographic
-# strength, and it runs at about 11 GiB/s here against SHA-256's 1.4 (with SHA
-# instructions) or 0.8 (without). Checkpoints written with SHA-256 still verify.
+# strength, and it runs an order of magnitude faster than SHA-256
+# (docs/benchmarks.md#checkpoint-save-and-load). Checkpoints written with SHA-256 still
+# verify.
 DIGESTS = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
 DIGEST = "xxh3_128"
 

@@ -85,8 +85,8 @@ def without_zip_crc32():
     """torch.save without the CRC32 of every zip record, restored afterwards.
 
     The manifest holds an XXH3-128 of every byte of the file, checked at every load;
-    torch's CRC32 of the same bytes is a second, slower checksum of them: 144 MiB of
-    state took 154-167 ms to torch.save with it and 95-98 ms without. Files written
+    torch's CRC32 of the same bytes is a second, slower checksum of them, a large part of
+    a save's time (docs/benchmarks.md#checkpoint-save-and-load). Files written
     without it load in torch.load as any other.
 
     The option is process-wide: a ``torch.save`` in another thread while a checkpoint is
@@ -260,7 +260,7 @@ def remove_old(root, keep_last: int, keep: str) -> None:
 
     Each one is renamed out of the way at once (``.removing-step-N``: no load sees it
     from then on) and its files are deleted by a background thread, off the save's
-    critical path: unlinking 144 MiB took 24-28 ms of a 100 ms save here. The next save
+    critical path, where unlinking large files is a good part of a save. The next save
     or load waits for it first (``finish_removal``), so a full disk gets its space back
     before anything new is written. A crash mid-delete leaves ``.removing-*``, which the
     next save removes.

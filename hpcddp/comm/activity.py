@@ -5,13 +5,16 @@ members issue the same collectives on a communicator in the same order (MPI requ
 it), so the count is a sequence number that means the same on every rank: a rank whose
 count is below the number of the collective another rank waits in has not reached it.
 Each blocking wait is entered here (``waiting``) with the operation's name, channel and
-number, and left when it returns. The watchdog (``watchdog.py``) reads this from its own
+number, and left when it returns. The blocking collectives of hpcddp's communicators
+(``SerialComm``) count and enter themselves (``collective``), so no caller has to wrap
+them; a caller may name them for the reports (``named``). The watchdog (``watchdog.py``) reads this from its own
 thread; the main thread only writes a few attributes, so the cost on a healthy step is
 a handful of attribute stores per collective.
 """
 
 import collections
 import itertools
+import os
 import sys
 import threading
 import time
@@ -20,10 +23,10 @@ from typing import Deque, Dict, List, Optional, Tuple
 
 from mpi4py import MPI
 
-from hpcddp.comm import serial
+from hpcddp.comm.owner import OWNER
 
-__all__ = ["Channel", "blocking", "channel_for", "current_waits", "forget", "main_stack",
-           "set_reference", "share", "snapshot", "waited", "waiting"]
+__all__ = ["Channel", "channel_for", "collective", "current_waits", "forget", "main_stack",
+           "named", "set_reference", "share", "snapshot", "waited", "waiting"]
 
 _RECENT = 8  # collectives a channel remembers, for a report's different collectives
 
@@ -76,16 +79,16 @@ class _State:
 _state = _State()
 _MAIN = threading.main_thread().ident
 # The main thread's hand-overs to hpcddp's MPI thread outside its waits count as waits.
-serial.OWNER.counted = lambda: not _state.waits.get(_MAIN)
+OWNER.counted = lambda: not _state.waits.get(_MAIN)
 
 
 def set_reference(comm) -> None:
     """Report ranks as ranks of ``comm`` (the hpcddp world); None: COMM_WORLD."""
-    _state.reference = None if comm is None else serial.call(MPI.Comm.Get_group, comm)
+    _state.reference = None if comm is None else OWNER.call(MPI.Comm.Get_group, comm)
 
 
 def _members(comm) -> Tuple[int, ...]:
-    return serial.call(_translated, comm, _state.reference)
+    return OWNER.call(_translated, comm, _state.reference)
 
 
 def _translated(comm, reference) -> Tuple[int, ...]:
@@ -179,22 +182,83 @@ def waiting(name: str, channel: Optional[Channel] = None, seq: Optional[int] = N
     return _Wait(name, channel, seq, call)
 
 
-def blocking(name: str, comm, kind: Optional[str] = None) -> _Wait:
-    """A context for a blocking collective on ``comm``: counts it, then waits in it.
+class _Local(threading.local):
+    name: Optional[str] = None  # the caller's name for the collectives it makes (named)
+    inside = False              # in a counted collective: what it calls is part of it
+
+
+_local = _Local()
+_COMM_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class named:
+    """Name the blocking collectives made inside, in the watchdog's reports (rather
+    than by the MPI method and the code that called it). The name must read the same on
+    every rank.
 
     Example::
 
-        with activity.blocking("agreement on unused parameters", control):
+        with activity.named("DDP bucket order from rank 0"):
             order = control.bcast(observed, root=0)
     """
-    channel = channel_for(comm, kind)
-    return _Wait(name, channel, channel.issue(name))
+
+    __slots__ = ("name", "previous")
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        self.previous, _local.name = _local.name, self.name
+        return self
+
+    def __exit__(self, *exc):
+        _local.name = self.previous
+        return False
+
+
+class collective:
+    """The one wait of a blocking collective ``method`` of a ``SerialComm``: counted on
+    ``comm``'s channel and entered, at the outermost such call of the thread (a pickled
+    ``bcast`` is two ``Ibcast``s, a pickled ``allreduce`` an ``allgather``: one each)."""
+
+    __slots__ = ("wait",)
+
+    def __init__(self, comm, method: str):
+        if _local.inside:
+            self.wait = None
+            return
+        channel = channel_for(comm)
+        name = _local.name or f"{method} from {_caller()}"
+        self.wait = _Wait(name, channel, channel.issue(name))
+
+    def __enter__(self):
+        if self.wait is not None:
+            _local.inside = True
+            self.wait.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.wait is not None:
+            _local.inside = False
+            self.wait.__exit__(*exc)
+        return False
+
+
+def _caller() -> str:
+    """The first function outside ``hpcddp.comm`` on this thread's stack, ``module:name``
+    (the same on every rank, where a line of the user's code would be too)."""
+    frame = sys._getframe(2)
+    while frame is not None and os.path.dirname(frame.f_code.co_filename) == _COMM_DIR:
+        frame = frame.f_back
+    if frame is None:
+        return "hpcddp.comm"
+    return f"{frame.f_globals.get('__name__', '?')}:{frame.f_code.co_qualname}"
 
 
 def waited() -> float:
     """Seconds the main thread has spent waiting in hpcddp so far (nested waits once),
     its hand-overs to hpcddp's MPI thread included."""
-    return _state.waited + serial.OWNER.main_blocked
+    return _state.waited + OWNER.main_blocked
 
 
 def current_waits() -> List[_Wait]:

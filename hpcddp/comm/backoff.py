@@ -28,8 +28,8 @@ def mpi_polls() -> "Backoff":
 
 # On a node with more ranks than cores every wait pauses from its first poll: a rank that
 # polls back to back holds a core that the rank it waits for needs, until the scheduler
-# takes it away (measured on 2 cores: a DDP wrapper created and closed at 3 ranks in
-# 16 ms while waits spun, 3.4 ms with pauses only; 1.2 ms at 2 ranks). Open MPI's
+# takes it away, and every wait costs a time slice (docs/benchmarks.md#ddp-training-step,
+# 3 ranks on 2 cores). Open MPI's
 # ``mpi_yield_when_idle`` does the same for its own waits once it finds a node
 # oversubscribed.
 _give_way = False

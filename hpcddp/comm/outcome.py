@@ -40,11 +40,12 @@ def share_outcome(comm, outcome: Any = None, root: int = 0, patient: bool = Fals
 
     .. warning:: Collective.
     """
-    with activity.blocking(f"{what or 'a decision'} from rank {root}", comm):
-        if patient:
-            arrived = comm.Ibarrier()
-            while not arrived.Test():
-                time.sleep(0.0005)
+    with activity.named(f"{what or 'a decision'} from rank {root}"):
+        if patient:  # a wait of its own: a barrier polled with short sleeps
+            with activity.collective(comm, "Ibarrier"):
+                arrived = comm.Ibarrier()
+                while not arrived.Test():
+                    time.sleep(0.0005)
         value = comm.bcast(_portable(outcome) if comm.rank == root else None, root=root)
     if isinstance(value, BaseException):
         raise value

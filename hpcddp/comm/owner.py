@@ -34,7 +34,7 @@ __all__ = ["Owner", "OwnerBusy", "OWNER"]
 # A wait is polled as every wait for MPI is (``mpi_polls``); a call handed over cuts a
 # pause short. The owner polls nothing while no thread waits for it: a thread that wakes
 # to poll takes Python's GIL and the core from the thread computing (DDP steps are slower
-# with one, docs/benchmarks.md), so MPI moves operations nobody waits for yet when hpcddp
+# with one, docs/benchmark-history.md), so MPI moves operations nobody waits for yet when hpcddp
 # hands it a call (a gradient hook's ``advance``), as it would without the owner.
 # While ``progressing`` (DDP's backward with HPCDDP_PROGRESS_THREAD) and no thread waits,
 # the owner nudges the operations in flight (``nudge``) on its own, sleeping between: from

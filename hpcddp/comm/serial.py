@@ -14,7 +14,8 @@ So no thread but the owner enters MPI:
   collectives (``Barrier``, ``Bcast``, ``Allreduce`` ... run as ``Ibarrier``, ``Ibcast``,
   ``Iallreduce``) are polled by the owner between its other calls, and the waiting
   thread sleeps until it completes, so the watchdog still asks the other ranks while
-  the main thread waits.
+  the main thread waits. Each blocking collective counts itself on its communicator's
+  channel and is a wait the watchdog sees (``activity.collective``), whoever calls it.
 - MPI calls on other objects (``MPI.Request.Testall`` on a list, a ``Message``, a file)
   go through ``call``; ``wait`` and ``wait_all`` wait for requests.
 
@@ -40,6 +41,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 from mpi4py import MPI
 
+from hpcddp.comm import activity
 from hpcddp.comm.backoff import mpi_polls
 from hpcddp.comm.owner import OWNER, OwnerBusy
 
@@ -167,20 +169,41 @@ def _polled(name, nonblocking):
     return method
 
 
-def _serial_class(base, skip=(), polled=None):
-    """``base`` with every instance method and attribute a call made by the owner."""
-    namespace = {}
-    for cls in reversed(base.__mro__[:-1]):
-        for name, attr in vars(cls).items():
-            if name.startswith("__") or name in skip or isinstance(attr, classmethod):
-                continue
-            if type(attr).__name__ == "getset_descriptor":
-                namespace[name] = _locked_property(attr)
-            elif callable(attr):
-                namespace[name] = _locked(attr)
-    for blocking, nonblocking in (polled or {}).items():
-        namespace[blocking] = _polled(blocking, getattr(base, nonblocking))
-    return namespace
+def _counted(method):
+    """``method``, a blocking collective, counted and waited in for the watchdog
+    (``activity.collective``): every rank counts the same collectives, so no caller has
+    to."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def counted(self, *args, **kwargs):
+        with activity.collective(self, name):
+            return method(self, *args, **kwargs)
+    return counted
+
+
+def _handed_over(base, polled=None):
+    """Class decorator: every instance method and attribute of ``base`` that the class
+    does not define itself (or through a base of its own) becomes a call the owner
+    makes; each of ``polled``'s blocking operations runs as its nonblocking form, waited
+    for by the owner. ``Abort`` is not handed over: ``hpcddp.faults.abort`` decides."""
+    def decorate(cls):
+        own = {name for klass in cls.__mro__ if klass not in base.__mro__
+               for name in vars(klass)}
+        for klass in reversed(base.__mro__[:-1]):
+            for name, attr in vars(klass).items():
+                if (name.startswith("__") or name in own or name == "Abort"
+                        or isinstance(attr, classmethod)):
+                    continue
+                if type(attr).__name__ == "getset_descriptor":
+                    setattr(cls, name, _locked_property(attr))
+                elif callable(attr):
+                    setattr(cls, name, _locked(attr))
+        for blocking, nonblocking in (polled or {}).items():
+            method = _polled(blocking, getattr(base, nonblocking))
+            setattr(cls, blocking, method if blocking == "Send" else _counted(method))
+        return cls
+    return decorate
 
 
 # Blocking buffer collectives and their nonblocking forms, whose arguments are the same.
@@ -217,6 +240,7 @@ class _Pickled:
     bytes), every call and every wait handed to the owner. Each returns what
     mpi4py's would; the reductions combine the values in rank order on every rank."""
 
+    @_counted
     def bcast(self, obj=None, root: int = 0):
         data = bytearray(MPI.pickle.dumps(obj)) if self.rank == root else bytearray()
         size = array("q", [len(data)])
@@ -226,6 +250,7 @@ class _Pickled:
         _polled_call(MPI.Intracomm.Ibcast, self, [data, MPI.BYTE], root=root)
         return MPI.pickle.loads(data)
 
+    @_counted
     def allgather(self, obj) -> List[Any]:
         mine = MPI.pickle.dumps(obj)
         sizes = array("q", [0] * self.size)
@@ -236,6 +261,7 @@ class _Pickled:
                      [data, (list(sizes), _offsets(sizes)), MPI.BYTE])
         return _split(data, sizes)
 
+    @_counted
     def gather(self, obj, root: int = 0) -> Optional[List[Any]]:
         mine, is_root = MPI.pickle.dumps(obj), self.rank == root
         sizes = array("q", [0] * self.size)
@@ -247,6 +273,7 @@ class _Pickled:
                      root=root)
         return _split(data, sizes) if is_root else None
 
+    @_counted
     def scatter(self, objs=None, root: int = 0):
         is_root = self.rank == root
         pieces = [MPI.pickle.dumps(o) for o in objs] if is_root else []
@@ -262,6 +289,7 @@ class _Pickled:
                      if is_root else None, [data, MPI.BYTE], root=root)
         return MPI.pickle.loads(data)
 
+    @_counted
     def alltoall(self, objs) -> List[Any]:
         pieces = [MPI.pickle.dumps(o) for o in objs]
         if len(pieces) != self.size:
@@ -276,13 +304,16 @@ class _Pickled:
                      [data, (list(in_sizes), _offsets(in_sizes)), MPI.BYTE])
         return _split(data, in_sizes)
 
+    @_counted
     def allreduce(self, obj, op=MPI.SUM):
         return functools.reduce(op, self.allgather(obj))
 
+    @_counted
     def reduce(self, obj, op=MPI.SUM, root: int = 0):
         values = self.gather(obj, root=root)
         return None if values is None else functools.reduce(op, values)
 
+    @_counted
     def Dup(self, info=None):  # noqa: N802 - MPI's name
         comm, request = call(MPI.Intracomm.Idup, self, info)
         wait(request, nudge=True)
@@ -300,12 +331,10 @@ class _Pickled:
         return OWNER.until(received)[0]
 
 
+@_handed_over(MPI.Intracomm, polled=_POLLED)
 class SerialComm(_Pickled, MPI.Intracomm):
     """An intracommunicator whose calls the owner makes (``SerialComm(comm)`` shares
-    ``comm``'s handle). ``Abort`` is not handed over: ``hpcddp.faults.abort`` decides."""
-
-    locals().update(_serial_class(MPI.Intracomm, polled=_POLLED, skip=(
-        "Abort", *(name for name in vars(_Pickled) if not name.startswith("_")))))
+    ``comm``'s handle). Its blocking collectives count themselves for the watchdog."""
 
     def __init__(self, comm=None):
         self._fixed()
@@ -330,12 +359,16 @@ class SerialComm(_Pickled, MPI.Intracomm):
     def Get_size(self) -> int:  # noqa: N802 - MPI's name
         return self._fixed()[1]
 
+    def Free(self) -> None:  # noqa: N802 - MPI's name
+        """Free the communicator; its channel's counts stay in reports (``forget``)."""
+        activity.forget(self)
+        call(MPI.Comm.Free, self)
 
+
+@_handed_over(MPI.Request)
 class SerialRequest(MPI.Request):
     """A request whose calls the owner makes; ``Wait`` and ``wait`` (the pickle form)
     are polled by the owner."""
-
-    locals().update(_serial_class(MPI.Request))
 
     def Wait(self, status: Optional["MPI.Status"] = None) -> bool:  # noqa: N802 - MPI's name
         wait(self, status, nudge=True)

@@ -33,9 +33,9 @@ __all__ = ["ShardedLoader"]
 log = logging.getLogger("hpcddp.data")
 _STATE_VERSION = 1
 # Batches smaller than this are read several at a time, in one copy (or one h5py call)
-# per dataset: at 64 rows of 4 KiB, a read per batch spent more time in per-call work
-# (index checks, the pool, the prefetch queue) than in copying, and reached 56 % of a raw
-# read's rate, 36 % with prefetch (benchmarks/bench_loader.py); read 4 MiB at a time, 100 %.
+# per dataset: at 64 rows of 4 KiB, a read per batch spends more time in per-call work
+# (index checks, the pool, the prefetch queue) than in copying
+# (docs/benchmarks.md#shardedloader).
 _READ_BYTES = 4 << 20
 
 

@@ -2,8 +2,8 @@
 
 - ``memmap``: contiguous, unfiltered, native-order data is a plain byte range of the
   file; the offset comes from h5py and rows are copied straight out of the page cache.
-  Measured here, a memory-map copy beat MPI-IO ``Read_at_all`` (18-19 vs ~13 GiB/s for 2
-  ranks) and a 4 KiB row costs microseconds instead of h5py's 58-84 µs per call.
+  A memory-map copy reads faster than MPI-IO ``Read_at_all``, and a 4 KiB row costs no
+  h5py call (docs/benchmarks.md#shardedloader).
 - ``h5py``: chunked or compressed data; one h5py call per batch, with sorted unique
   indices (h5py's fancy indexing needs increasing order), then put back in batch order.
 - ``mpio``: h5py built against parallel HDF5; the file is opened with ``driver='mpio'``

@@ -33,7 +33,7 @@ def agree_on_flags(control, flags: np.ndarray) -> np.ndarray:
     .. warning:: Collective.
     """
     agreed = np.empty_like(flags)
-    with activity.blocking("DDP end-of-backward agreement", control):
+    with activity.named("DDP end-of-backward agreement"):
         control.Allreduce(flags, agreed, op=MPI.MAX)
     return agreed
 
@@ -52,7 +52,7 @@ def raise_what_went_wrong(control, names: Sequence[str], agreed: np.ndarray,
     """
     what, advice = _TWICE if agreed[-1] else _MISSING
     mine = twice if agreed[-1] else missing
-    with activity.blocking("DDP error report", control):
+    with activity.named("DDP error report"):
         everyone = control.allgather(sorted(set(mine)))
     where = {}
     for rank, indices in enumerate(everyone):

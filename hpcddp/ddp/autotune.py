@@ -119,7 +119,7 @@ class Autotuner:
             return
         cost, self._cost = self._cost, None
         agreed = np.array([np.inf if cost is None else cost, cost is None], dtype=np.float64)
-        with activity.blocking("DDP autotune: agreeing on the last step's cost", self.control):
+        with activity.named("DDP autotune: agreeing on the last step's cost"):
             self.control.Allreduce(MPI.IN_PLACE, agreed, op=MPI.MAX)
         if agreed[1]:
             return  # some rank ran no synchronized backward since: nothing to judge

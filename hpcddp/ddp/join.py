@@ -18,12 +18,15 @@ join, so all replicas end equal.
 """
 
 import numpy as np
+import torch
+import torch.distributed as dist
 from mpi4py import MPI
-from torch.distributed.algorithms.join import JoinHook
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from hpcddp.comm import activity
+from hpcddp.ddp.sync import broadcast_tensors
 
-__all__ = ["DDPJoinHook", "agree_on_sync", "common_rank"]
+__all__ = ["DDPJoinHook", "DDPJoinable", "agree_on_sync", "common_rank"]
 
 
 def common_rank(control, candidate: bool) -> int:
@@ -31,7 +34,7 @@ def common_rank(control, candidate: bool) -> int:
 
     .. warning:: Collective.
     """
-    with activity.blocking("Join: which rank holds the model", control):
+    with activity.named("Join: which rank holds the model"):
         rank = control.allreduce(control.rank if candidate else -1, op=MPI.MAX)
     if rank < 0:
         raise RuntimeError("hpcddp Join: no rank qualified to provide the model state; "
@@ -98,3 +101,67 @@ class DDPJoinHook(JoinHook):
 
     def post_hook(self, is_last_joiner: bool) -> None:
         self.ddp._take_last_joiners_model(is_last_joiner)
+
+
+class DDPJoinable(Joinable):
+    """The part of ``hpcddp.DistributedDataParallel`` in torch's ``Join`` (a base of the
+    wrapper): the context manager, the hook a joined rank runs, and what that hook asks
+    of the wrapper."""
+
+    def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
+             throw_on_early_termination: bool = False) -> Join:
+        """A context manager for training on uneven inputs, as torch's ``model.join()``.
+
+        A rank that runs out of batches shadows the collectives of those still training
+        until every rank is done; then all ranks take the model of the last to finish.
+
+        Args:
+            divide_by_initial_world_size: average gradients over all ranks (True) or over
+                those still training (False).
+            enable: False turns the context manager off.
+            throw_on_early_termination: raise on every rank as soon as one runs out.
+
+        Example::
+
+            with model.join():
+                for x, y in my_uneven_batches:
+                    loss_fn(model(x), y).backward()
+                    opt.step()
+
+        .. warning:: Under Join each forward adds two small collectives.
+        """
+        return Join([self], enable, throw_on_early_termination,
+                    divide_by_initial_world_size=divide_by_initial_world_size)
+
+    def join_hook(self, **kwargs) -> DDPJoinHook:
+        """The hook ``torch.distributed.algorithms.Join`` runs on a rank that has joined."""
+        self._divide_by_initial_world_size = kwargs.get("divide_by_initial_world_size", True)
+        return DDPJoinHook(self)
+
+    def _agree_on_sync(self, sync: bool, wait: bool):
+        """Under Join: whether any rank still training synchronizes this backward
+        (``join.agree_on_sync``)."""
+        return agree_on_sync(self._control, sync, wait)
+
+    def _take_last_joiners_model(self, is_last_joiner: bool) -> None:
+        """Under Join, once every rank has joined: every rank takes the parameters (and
+        the synchronized buffers) of the last rank to join, so all replicas end equal."""
+        root = common_rank(self._control, is_last_joiner)
+        tensors = [p.detach() for p in self.module.parameters()]
+        if self.forward_sync_buffers:
+            tensors += [b.detach() for b in self._buffers_to_sync]
+        broadcast_tensors(self._control_transport, tensors, root)
+
+    @property
+    def join_device(self) -> torch.device:
+        return self.reducer.params[0].device
+
+    @property
+    def join_process_group(self):
+        if self.process_group is None:
+            return dist.group.WORLD
+        if isinstance(self.process_group, MPI.Comm):
+            raise TypeError("Join needs a torch.distributed group: this wrapper was given an "
+                            "mpi4py communicator. Pass process_group=dist.new_group(ranks) "
+                            "(after hpcddp.init()) instead")
+        return self.process_group

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 from torch import nn
-from torch.distributed.algorithms.join import Join, Joinable
+from torch.distributed.algorithms.join import Join
 
 from hpcddp import timeline
 from hpcddp.backend.groups import comm_of
@@ -17,7 +17,7 @@ from hpcddp.comm import activity, lifetime
 from hpcddp.ddp import hooks
 from hpcddp.ddp.autotune import Autotuner, make_autotuner, wants_autotune
 from hpcddp.ddp.buckets import DEFAULT_CAP_MB, FIRST_BUCKET_BYTES
-from hpcddp.ddp.join import DDPJoinHook, agree_on_sync, common_rank
+from hpcddp.ddp.join import DDPJoinable, common_rank
 from hpcddp.ddp.reducer import Reducer
 from hpcddp.ddp.sparse import sparse_parameters
 from hpcddp.ddp.stragglers import StragglerCheck
@@ -48,7 +48,7 @@ def _refuse(name, value, default):
             f"are refused rather than ignored)")
 
 
-class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
+class DistributedDataParallel(nn.Module, lifetime.Closable, DDPJoinable):
     """Data-parallel training over MPI, a drop-in for ``torch.nn.parallel.DistributedDataParallel``.
 
     Gradients are averaged across ranks in buckets with non-blocking ``Iallreduce``,
@@ -103,7 +103,7 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
                  mixed_precision=None, device_mesh=None, skip_all_reduce_unused_params=False,
                  bucket_cap_mb_list=None, batched_grad_copy=False, forward_sync_buffers=None):
         super().__init__()
-        Joinable.__init__(self)
+        DDPJoinable.__init__(self)
         for name, value, default in [
             ("delay_all_reduce_named_params", delay_all_reduce_named_params, None),
             ("param_to_hook_all_reduce", param_to_hook_all_reduce, None),
@@ -257,66 +257,6 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
         broadcast_tensors(self._control_transport, [b.detach() for b in self._buffers_to_sync],
                           root)
 
-    # -- Join ------------------------------------------------------------------------------
-
-    def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
-             throw_on_early_termination: bool = False) -> Join:
-        """A context manager for training on uneven inputs, as torch's ``model.join()``.
-
-        A rank that runs out of batches shadows the collectives of those still training
-        until every rank is done; then all ranks take the model of the last to finish.
-
-        Args:
-            divide_by_initial_world_size: average gradients over all ranks (True) or over
-                those still training (False).
-            enable: False turns the context manager off.
-            throw_on_early_termination: raise on every rank as soon as one runs out.
-
-        Example::
-
-            with model.join():
-                for x, y in my_uneven_batches:
-                    loss_fn(model(x), y).backward()
-                    opt.step()
-
-        .. warning:: Under Join each forward adds two small collectives.
-        """
-        return Join([self], enable, throw_on_early_termination,
-                    divide_by_initial_world_size=divide_by_initial_world_size)
-
-    def join_hook(self, **kwargs) -> DDPJoinHook:
-        """The hook ``torch.distributed.algorithms.Join`` runs on a rank that has joined."""
-        self._divide_by_initial_world_size = kwargs.get("divide_by_initial_world_size", True)
-        return DDPJoinHook(self)
-
-    def _agree_on_sync(self, sync: bool, wait: bool):
-        """Under Join: whether any rank still training synchronizes this backward
-        (``join.agree_on_sync``)."""
-        return agree_on_sync(self._control, sync, wait)
-
-    def _take_last_joiners_model(self, is_last_joiner: bool) -> None:
-        """Under Join, once every rank has joined: every rank takes the parameters (and
-        the synchronized buffers) of the last rank to join, so all replicas end equal."""
-        root = common_rank(self._control, is_last_joiner)
-        tensors = [p.detach() for p in self.module.parameters()]
-        if self.forward_sync_buffers:
-            tensors += [b.detach() for b in self._buffers_to_sync]
-        broadcast_tensors(self._control_transport, tensors, root)
-
-    @property
-    def join_device(self) -> torch.device:
-        return self.reducer.params[0].device
-
-    @property
-    def join_process_group(self):
-        if self.process_group is None:
-            return dist.group.WORLD
-        if isinstance(self.process_group, MPI.Comm):
-            raise TypeError("Join needs a torch.distributed group: this wrapper was given an "
-                            "mpi4py communicator. Pass process_group=dist.new_group(ranks) "
-                            "(after hpcddp.init()) instead")
-        return self.process_group
-
     @contextmanager
     def no_sync(self):
         """Accumulate gradients locally, with no communication, inside this context.
@@ -414,7 +354,6 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, Joinable):
         if getattr(self, "_control_transport", None) is not None:
             self._control_transport.close()
         for comm in (self._comm, self._control):
-            activity.forget(comm)
             lifetime.free_comm(comm)
 
     def __enter__(self):

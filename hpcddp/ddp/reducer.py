@@ -186,7 +186,7 @@ class Reducer:
         if self._rebuild_order is None:
             return
         observed, self._rebuild_order = self._rebuild_order, None
-        with activity.blocking("DDP bucket order from rank 0", self.control):
+        with activity.named("DDP bucket order from rank 0"):
             order = self.control.bcast(observed, root=0)
         seen = set(order)
         order = order + [i for i in reversed(range(len(self.params))) if i not in seen]

@@ -47,7 +47,7 @@ class StragglerCheck:
         now, waited = time.monotonic(), activity.waited()
         computed = ((now - self._since) - (waited - self._waited)) / self.every
         self._since, self._waited = now, waited
-        with activity.blocking("DDP straggler check", self.control):
+        with activity.named("DDP straggler check"):
             ranks = self.control.allgather((computed, self._host))
         if self.control.rank == 0 and self.steps > self.every:  # the first window starts up
             self._name(ranks)

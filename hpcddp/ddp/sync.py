@@ -24,7 +24,7 @@ def verify_same_parameters(comm, named_params, named_buffers=()) -> None:
     """
     def describe(named):
         return [(name, tuple(t.shape), str(t.dtype)) for name, t in named]
-    with activity.blocking("DDP parameter check", comm):
+    with activity.named("DDP parameter check"):
         everyone = comm.allgather((describe(named_params), describe(named_buffers)))
     for kind, index in (("parameter", 0), ("buffer", 1)):
         _first_difference(kind, [mine[index] for mine in everyone])

@@ -4,8 +4,8 @@
 2. ``OMP_NUM_THREADS``, what torch itself and every OpenMP program obey;
 3. a count the script set with ``torch.set_num_threads`` before ``hpcddp.init()``;
 4. else hpcddp's default: the cores of the rank's affinity mask, shared among the ranks
-   of the node whose masks overlap it (torch's own default follows neither launcher:
-   measured 1 under mpiexec and 2 under srun on the same 2-core node).
+   of the node whose masks overlap it (torch's own default follows neither launcher: it
+   differs between mpiexec and srun on the same node).
 
 A count set with ``torch.set_num_threads`` is seen as the difference from the count
 torch had when it was first imported (``import hpcddp`` notes it then, or at once if torch

@@ -24,15 +24,18 @@ from hpcddp.faults.report import write_report
 from hpcddp.startup.mpi_init import JOB_SEGMENTS, unlink_mapped_segments
 
 __all__ = ["abort_job", "install_abort_hook", "install_early_hook", "uninstall_abort_hook",
-           "ABORT_EXIT_SECONDS"]
+           "ABORT_EXIT_SECONDS", "BEFORE_ABORT"]
 
 _installed = {}
+# Called, in order, before an abort prints: whatever holds this process's output back (a
+# test runner's capture, which would go down with the process) hands it over here.
+BEFORE_ABORT = []
 _ONE_REPORT = threading.Lock()  # taken for good by the rank's report of dead ranks
 
 # How long MPI_Abort may take before this process ends itself. MPI_Abort can block for
 # ever: a node whose link is down cannot reach the launcher, and a rank there spins in
-# MPI_Abort while its peers wait (measured on the emulated cluster: still running 40 s
-# after HPCDDP_TIMEOUT). A process that exits lets its launcher's proxy end too.
+# MPI_Abort while its peers wait, long after HPCDDP_TIMEOUT (seen on the emulated
+# cluster). A process that exits lets its launcher's proxy end too.
 ABORT_EXIT_SECONDS = 5.0
 # How long the launcher may take to end the job after MPI_Abort (hpcddp.faults.launcher_guard).
 LAUNCHER_GRACE_SECONDS = 10.0
@@ -47,6 +50,11 @@ def abort_job(comm, message: str, exc_info=None, code: int = 1, detail: str = ""
     ends every rank. ``facts`` (with ``kind``) and the exception also go to the JSON
     report where ``HPCDDP_REPORT_DIR`` asks for one (``hpcddp.faults.report``)."""
     head = f"hpcddp: rank {comm.rank} of {comm.size} on {socket.gethostname()}: {message}"
+    for before in list(BEFORE_ABORT):
+        try:
+            before()
+        except Exception:  # noqa: BLE001 - nothing may keep the abort from happening
+            pass
     if isinstance(sys.stderr, io.StringIO):
         # torch's init_process_group wraps sys.excepthook in one that collects what the
         # hook it wraps prints and prints it after that returns; an abort never returns.

@@ -3,8 +3,8 @@
 ``MPI_Abort`` asks the launcher to kill every rank. Hydra's ``mpiexec`` then waits for
 each node's proxy to hang up; a proxy behind a link that is down never can, and the
 launcher waits until TCP gives up on it (about 15 minutes with Linux's default
-``tcp_retries2``), long after every rank has ended (measured on the emulated cluster:
-ranks gone, ``mpiexec`` still there 90 s later). When the launcher runs on this node,
+``tcp_retries2``), long after every rank has ended (seen on the emulated cluster:
+ranks gone, ``mpiexec`` still there). When the launcher runs on this node,
 an ancestor of this rank (a batch script's ``mpiexec`` on the job's first node), a
 detached helper started just before ``MPI_Abort`` ends it if it is still there after a
 grace period, and says so. It asks first (SIGTERM), then kills.

@@ -88,24 +88,39 @@ class Watchdog(Closable):
     def depart(self) -> None:
         """Tell every other rank that this one is leaving, with its collective counts.
 
-        Called first by ``hpcddp.shutdown()`` and at interpreter exit. Idempotent.
+        Called first by ``hpcddp.shutdown()`` and at interpreter exit. Idempotent. The
+        note is not final: closing what is still open (``lifetime.close_all``) may issue
+        collectives after it (a timeline's gather). The final note goes when the
+        watchdog itself is closed, after every owner newer than it.
         """
         if self._leaving or self._closed:
             return
         self._leaving = True
+        self._tell_departure(final=False)
+        self._wake.set()  # the others' departures are taken as they come, not per tick
+
+    def _tell_departure(self, final: bool) -> None:
         if self.threaded:
             # As long as any wait may last (HPCDDP_TIMEOUT): a call that keeps the MPI
             # thread for ever ends the job by then, through the watchdog.
-            self._send_to_others(_LEFT, activity.snapshot(stack=False),
+            self._send_to_others(_LEFT, dict(activity.snapshot(stack=False), final=final),
                                  patience=self.timeout or -1)
-        self._wake.set()  # the others' departures are taken as they come, not per tick
+
+    def _gone(self) -> Dict[int, dict]:
+        """The departures that prove a rank issues no more collectives: any note while
+        this rank is still at work (the leaver's closing collectives cannot match the
+        work's), only final notes once this rank is leaving too (its own closing
+        collectives are the ones the leaver may still issue)."""
+        if not self._leaving:
+            return self.departed
+        return {r: note for r, note in self.departed.items() if note.get("final")}
 
     def _wait_for_departures(self) -> None:
         """Wait until every rank has left, watched like any other wait."""
         with activity.waiting("leaving the job (waiting for every rank to finish)") as wait:
             self._leave_wait = wait
             if self.threaded:
-                while len(self.departed) < self.size - 1 and self._thread.is_alive():
+                while len(self._gone()) < self.size - 1 and self._thread.is_alive():
                     time.sleep(0.005)
             else:
                 request = self.comm.Ibarrier()
@@ -114,6 +129,7 @@ class Watchdog(Closable):
 
     def _release(self) -> None:
         self.depart()
+        self._tell_departure(final=True)
         self._wait_for_departures()
         self._stop.set()
         self._wake.set()
@@ -198,7 +214,7 @@ class Watchdog(Closable):
         if wait.channel is None:
             return []
         name = wait.channel.name
-        return [rank for rank, note in sorted(self.departed.items())
+        return [rank for rank, note in sorted(self._gone().items())
                 if rank in wait.channel.members
                 and note["channels"].get(name, (0, 0))[0] < wait.seq]
 
@@ -220,7 +236,7 @@ class Watchdog(Closable):
     def _missing(self, wait, replies) -> List[int]:
         """Ranks that have not reached ``wait`` (or, leaving, have not left)."""
         if wait is self._leave_wait:
-            return [r for r in range(self.size) if r != self.rank and r not in self.departed]
+            return [r for r in range(self.size) if r != self.rank and r not in self._gone()]
         if wait.channel is None:
             return [r for r in range(self.size) if r != self.rank]
         name = wait.channel.name

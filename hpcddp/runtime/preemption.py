@@ -81,7 +81,7 @@ class Preemption:
 
         .. warning:: Collective (one small allreduce).
         """
-        with activity.blocking("Preemption.requested()", self.comm):
+        with activity.named("Preemption.requested()"):
             agreed = self.comm.allreduce(int(self.received) | 2 * int(self.interrupted),
                                          op=MPI.BOR)
         self.was_interrupt = bool(agreed & 2)
@@ -99,7 +99,7 @@ class Preemption:
 
         .. warning:: Collective; does not return.
         """
-        with activity.blocking("Preemption.requeue_and_exit()", self.comm):
+        with activity.named("Preemption.requeue_and_exit()"):
             self.comm.Barrier()
         rank = self.comm.rank
         sys.stdout.flush()

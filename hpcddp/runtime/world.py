@@ -49,8 +49,8 @@ def _cpus_for_rank(local_comm, comm) -> Tuple[int, bool]:
     oversubscribed node, or nodes emulated on one machine).
 
     Launchers differ: mpiexec gives every rank the whole node, srun with binding gives
-    each its own cores, and torch's default thread count follows neither (measured: 1
-    under mpiexec, 2 under srun on the same 2-core node).
+    each its own cores, and torch's default thread count follows neither (it differs
+    between the two on the same node).
     """
     mine = set(os.sched_getaffinity(0))
     masks = local_comm.allgather(sorted(mine))
@@ -276,12 +276,11 @@ class World(Closable):
 
         .. warning:: Synchronization point.
         """
-        with activity.blocking("World.barrier()", self.comm, "world"):
+        with activity.named("World.barrier()"):
             self.comm.Barrier()
 
     def _release(self) -> None:
         for comm in (self.local_comm, self.comm):
-            activity.forget(comm)
             free_comm(comm)
 
     free = Closable.close

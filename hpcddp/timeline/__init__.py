@@ -25,8 +25,8 @@ from typing import Callable, Optional
 from hpcddp.comm import lifetime
 from hpcddp.comm.outcome import share_outcome
 
-__all__ = ["BUCKET_LANE", "COMPUTE", "LOADER", "REDUCER", "TORCH", "Timeline", "mark", "mirror",
-           "now", "recording", "span", "start"]
+__all__ = ["BUCKET_LANE", "COMPUTE", "LOADER", "REDUCER", "TORCH", "Timeline", "current", "mark",
+           "mirror", "name_lane", "now", "recording", "span", "start"]
 
 COMPUTE, REDUCER, LOADER, TORCH = 1, 2, 3, 4  # lanes (trace "threads") of each rank
 BUCKET_LANE = 100  # DDP bucket b's reductions are lane 100 + b
@@ -44,6 +44,11 @@ now = time.perf_counter_ns
 def recording() -> bool:
     """Whether this rank is recording a timeline."""
     return _recorder is not None
+
+
+def current() -> Optional["Timeline"]:
+    """The timeline being recorded, or None."""
+    return _recorder
 
 
 def mirror(is_profiling: Callable[[], bool], record_function) -> None:
@@ -82,6 +87,14 @@ def span(name: str, lane: int, **args):
                  _profiler[1](f"hpcddp::{name}") if profiled else None)
 
 
+_named_lanes = {}  # lanes named by their users (name_lane)
+
+
+def name_lane(lane: int, name: str) -> None:
+    """Show ``lane`` as ``name`` in the trace (a lane of hpcddp.horovod's tensors)."""
+    _named_lanes[lane] = name
+
+
 def mark(name: str, lane: int, began: int, ended: Optional[int] = None, **args) -> None:
     """Record a span whose start (``now()`` then) was taken earlier, e.g. in another call."""
     if _recorder is not None:
@@ -118,8 +131,8 @@ class Timeline:
                {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
                 "args": {"sort_index": rank}}]
         out += [{"ph": "M", "name": "thread_name", "pid": rank, "tid": lane,
-                 "args": {"name": _LANE_NAMES.get(lane, f"bucket {lane - BUCKET_LANE} "
-                                                         f"reduction (MPI)")}}
+                 "args": {"name": _LANE_NAMES.get(lane) or _named_lanes.get(lane)
+                         or f"bucket {lane - BUCKET_LANE} reduction (MPI)"}}
                 for lane in lanes]
         for name, lane, began, ended, args in self.events:
             event = {"name": name, "ph": "X", "pid": rank, "tid": lane,

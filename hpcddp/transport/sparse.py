@@ -29,7 +29,7 @@ def allreduce_sparse(comm, tensor: Optional[torch.Tensor],
     if tensor is not None:
         tensor = tensor.coalesce().cpu()
     mine = (tensor._nnz(), tensor.sparse_dim()) if tensor is not None else None
-    with activity.blocking("sparse tensor sizes", comm):
+    with activity.named("sparse tensor sizes"):
         everyone = comm.allgather(mine)
     dims = {dim for _, dim in filter(None, everyone)}
     if not dims:
@@ -46,14 +46,14 @@ def allreduce_sparse(comm, tensor: Optional[torch.Tensor],
         values = torch.empty((0,) + tuple(like.shape[sparse_dim:]), dtype=like.dtype)
     counts = [part[0] if part else 0 for part in everyone]
     all_indices = torch.empty((sum(counts), sparse_dim), dtype=torch.int64)
-    with activity.blocking("sparse tensor indices", comm):
+    with activity.named("sparse tensor indices"):
         comm.Allgatherv(host_array(indices.reshape(-1))[0],
                         [host_array(all_indices.reshape(-1))[0],
                          [c * sparse_dim for c in counts]])
     row = int(np.prod(like.shape[sparse_dim:], dtype=np.int64))
     all_values = torch.empty((sum(counts),) + tuple(like.shape[sparse_dim:]),
                              dtype=like.dtype)
-    with activity.blocking("sparse tensor values", comm):
+    with activity.named("sparse tensor values"):
         comm.Allgatherv(host_array(values.reshape(-1))[0],
                         [host_array(all_values.reshape(-1))[0], [c * row for c in counts]])
     total = torch.sparse_coo_tensor(all_indices.t(), all_values, like.shape,

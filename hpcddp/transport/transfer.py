@@ -59,7 +59,7 @@ class Piece:
     def __init__(self, name: str, lane: int, bindings: Sequence[Binding], issue_fn: Issue):
         self.name, self.lane, self.bindings, self.issue_fn = name, lane, list(bindings), issue_fn
         # Host bytes MPI works on (device buffers are not counted: on a GPU the transport
-        # keeps no more in flight than before; the bound was measured on host memory).
+        # keeps no more in flight than before; the bound is about MPI's host scratch).
         self.nbytes = sum(getattr(b.memory, "nbytes", 0) for b in self.bindings
                           if not getattr(b.memory, "is_cuda", False))
         self.request: Optional[MPI.Request] = None
@@ -160,8 +160,9 @@ class Transfer(Handle):
             else:
                 # hpcddp's own (a ring, the node-aware stages): the MPI thread runs its
                 # steps, as it does at DDP's end of backward. Polled here instead, each
-                # of its Isend, Irecv and Test was a hand-over of its own: on 4 nodes x 1
-                # rank (MPICH, 1 Gbit/s) a 16 MiB ring moved 0.35 of the link, not 0.9.
+                # of its Isend, Irecv and Test would be a hand-over of its own, and the
+                # ring would move a fraction of what the link can
+                # (tests/mpi/test_ring.py checks that no call is handed over).
                 serial.until(piece.request.Test, nudge=True)
                 with self._lock:
                     if not piece.done:

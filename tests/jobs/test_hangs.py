@@ -7,6 +7,7 @@ report's headline reached stderr. Its wording is tested once, in
 tests/unit/test_report_words.py.
 """
 
+import json
 import os
 import re
 import sys
@@ -18,16 +19,21 @@ from reports import read_reports, reports_said, the_report
 
 SIZES = job_sizes()  # 2 and 3 ranks; 2 under the other MPIs and at SERIALIZED
 
-TIMEOUT = 4.0      # HPCDDP_TIMEOUT of the jobs
+TIMEOUT = 4.0      # HPCDDP_TIMEOUT of the jobs that end at the timeout
 STALL = 2.0        # HPCDDP_STALL_WARN
 MARGIN = 20.0      # start-up (torch, MPI) and the report
-QUICK = 15.0       # a job that must end without waiting for the timeout
+LONG = 60.0        # HPCDDP_TIMEOUT of the jobs that must end without waiting for it
+SPAWN = 10.0       # a spawned DataLoader worker per rank imports torch (3 ranks, 2 cores)
 ENV = {"HPCDDP_TIMEOUT": str(TIMEOUT), "HPCDDP_STALL_WARN": str(STALL)}
+QUICK_ENV = dict(ENV, HPCDDP_TIMEOUT=str(LONG))
 
 
-def _stuck(run_job, scenario, n, folder, env=None):
+def _stuck(run_job, scenario, n, folder, env=None, quick=False):
+    """Run stuck.py's ``scenario``; ``quick``: under the long timeout, for a job that must
+    end without waiting for it (see _failed_without_waiting)."""
     job = run_job(["tests/jobs/scripts/stuck.py", scenario], n=n, timeout=90,
-                  env=dict(ENV, HPCDDP_REPORT_DIR=str(folder), **(env or {})))
+                  env=dict(QUICK_ENV if quick else ENV, HPCDDP_REPORT_DIR=str(folder),
+                           **(env or {})))
     assert not job.timed_out, f"{scenario} hung:\n{job.output[-3000:]}"
     return job
 
@@ -53,6 +59,12 @@ def _failed_within(job, seconds):
     assert job.seconds < seconds, f"took {job.seconds:.1f} s"
 
 
+def _failed_without_waiting(job):
+    """The job, run under HPCDDP_TIMEOUT=LONG, failed and ended, start-up included,
+    before that timeout could have ended it: something other than the timeout did."""
+    _failed_within(job, LONG)
+
+
 @pytest.mark.parametrize("n", SIZES)
 def test_healthy_job_ends_cleanly(run_job, n, tmp_path):
     # The control: the watchdog and the leaving handshake end nothing that is well.
@@ -64,9 +76,23 @@ def test_healthy_job_ends_cleanly(run_job, n, tmp_path):
 
 
 @pytest.mark.parametrize("n", SIZES)
+def test_a_rank_slow_to_close_is_waited_for_not_taken_for_gone(run_job, n, tmp_path):
+    # Rank 1 tells the others it is leaving, then takes 1 s (less than the stall
+    # warning) to close an owner before its timeline's gather; the others are in that
+    # gather all the while. Leaving, they wait for its final count, not its first.
+    trace = tmp_path / "trace.json"
+    job = _stuck(run_job, "slow_close", n, tmp_path, env={"HPCDDP_TIMELINE": str(trace)})
+    assert job.returncode == 0, job.output[-3000:]
+    assert job.stdout.count("finished") == n
+    assert "hpcddp: rank" not in job.stderr, job.stderr[-3000:]
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["pid"] for e in events} == set(range(n))
+
+
+@pytest.mark.parametrize("n", SIZES)
 def test_uneven_inputs_that_end_name_the_rank_and_suggest_join(run_job, n, tmp_path):
-    job = _stuck(run_job, "uneven_exit", n, tmp_path)
-    _failed_within(job, QUICK)
+    job = _stuck(run_job, "uneven_exit", n, tmp_path, quick=True)
+    _failed_without_waiting(job)
     report = the_report(tmp_path, "wait", job.output)
     _said(job, report)
     others = [r for r in range(n) if r != 1]
@@ -125,21 +151,26 @@ def test_mismatched_collectives_are_named(run_job, n, tmp_path):
 
 
 def test_mismatch_check_raises_on_every_rank_at_once(run_job, tmp_path):
-    job = _stuck(run_job, "mismatch", 3, tmp_path, env={"HPCDDP_DEBUG": "detail"})
-    _failed_within(job, QUICK)
+    job = _stuck(run_job, "mismatch", 3, tmp_path, env={"HPCDDP_DEBUG": "detail"},
+                 quick=True)
+    _failed_without_waiting(job)
     report = the_report(tmp_path, "exception", job.output)
     _said(job, report)
     assert report["exception"]["type"] == "CollectiveMismatch"
-    assert ("rank 0 issues collective 1: allreduce (sum) of float32[3]; ranks 1,2 issue "
-            "collective 1: broadcast from rank 0 of float32[3]") in report["exception"]["message"]
+    # The group's collectives are numbered from its first, the check's own Dup of its
+    # communicator; both sides must name the same number.
+    message = report["exception"]["message"]
+    assert re.search(r"rank 0 issues collective (\d+): allreduce \(sum\) of float32\[3\]; "
+                     r"ranks 1,2 issue collective \1: broadcast from rank 0 of float32\[3\]",
+                     message), message
     assert not any(r["kind"] == "wait" for r in read_reports(tmp_path).values())  # raised
 
 
 @pytest.mark.parametrize("code", [3, 0])
 @pytest.mark.parametrize("n", SIZES)
 def test_rank_that_exits_mid_training_ends_the_job(run_job, n, code, tmp_path):
-    job = _stuck(run_job, f"exit{code}", n, tmp_path)
-    _failed_within(job, QUICK)
+    job = _stuck(run_job, f"exit{code}", n, tmp_path, quick=True)
+    _failed_without_waiting(job)
     report = the_report(tmp_path, "wait", job.output)
     _said(job, report)
     assert (report["reason"], report["departed"]) == ("departed", [1])
@@ -150,8 +181,8 @@ def test_rank_that_exits_mid_training_ends_the_job(run_job, n, code, tmp_path):
 def test_rank_killed_mid_step_ends_the_job(run_job, n, tmp_path):
     # The launcher sees the death and ends the job; no rank can speak after SIGKILL, so
     # the message is the launcher's, naming the process.
-    job = _stuck(run_job, "sigkill", n, tmp_path)
-    _failed_within(job, QUICK)
+    job = _stuck(run_job, "sigkill", n, tmp_path, quick=True)
+    _failed_without_waiting(job)
     assert "signal 9" in job.output or "Killed" in job.output
     # Every rank died without MPI_Finalize: the MPI's named segment is gone all the same.
     assert "segments before init: " in job.stdout, job.output
@@ -166,10 +197,10 @@ def test_under_ulfm_the_survivors_name_the_killed_rank_and_its_node(tmp_path):
     died instead of ending them: each names it, and its node, and the job ends."""
     command = [*mpiexec(), "--with-ft", "ulfm", "-n", "3", sys.executable,
                "tests/jobs/scripts/stuck.py", "sigkill"]
-    job = run_command(command, env=dict(ENV, HPCDDP_REPORT_DIR=str(tmp_path)), timeout=90,
-                      cwd=ROOT)
+    job = run_command(command, env=dict(QUICK_ENV, HPCDDP_REPORT_DIR=str(tmp_path)),
+                      timeout=90, cwd=ROOT)
     assert not job.timed_out, job.output[-3000:]
-    _failed_within(job, QUICK)
+    _failed_without_waiting(job)
     reports = read_reports(tmp_path)
     assert reports and set(reports) <= {0, 2}, reports_said(tmp_path) + job.output[-3000:]
     for report in reports.values():
@@ -183,7 +214,7 @@ def test_under_ulfm_the_survivors_name_the_killed_rank_and_its_node(tmp_path):
 @pytest.mark.parametrize("n", SIZES)
 def test_rank_stuck_in_a_dataloader_worker_is_named(run_job, n, tmp_path):
     job = _stuck(run_job, "loader_worker", n, tmp_path)
-    _failed_within(job, TIMEOUT + MARGIN)
+    _failed_within(job, TIMEOUT + MARGIN + SPAWN)
     report = the_report(tmp_path, "wait", job.output)
     _said(job, report)
     assert report["not_arrived"] == [1] and report["ranks"]["1"]["state"] == "user code"
@@ -196,9 +227,12 @@ def test_rank_stuck_in_a_dataloader_worker_is_named(run_job, n, tmp_path):
 def test_rank_that_fails_before_init_ends_the_job(run_job, mode, quick, tmp_path):
     before = mpich_segments()
     job = run_job(["tests/jobs/scripts/fail_before_init.py", mode], n=3, timeout=90,
-                  env=dict(ENV, HPCDDP_REPORT_DIR=str(tmp_path)))
+                  env=dict(QUICK_ENV if quick else ENV, HPCDDP_REPORT_DIR=str(tmp_path)))
     assert not job.timed_out, job.output[-3000:]
-    _failed_within(job, QUICK if quick else TIMEOUT + MARGIN)
+    if quick:
+        _failed_without_waiting(job)
+    else:
+        _failed_within(job, TIMEOUT + MARGIN)
     assert "deliberate failure on rank one" in job.stderr  # Python's own traceback
     assert "must not happen" not in job.stdout
     # Ended in MPI_Init, or in an abort before hpcddp.init() removed its name: MPICH's
@@ -224,8 +258,8 @@ def test_rank_that_fails_before_init_ends_the_job(run_job, mode, quick, tmp_path
 
 def test_file_truncated_under_the_loader_is_an_error_naming_rank_and_file(run_job, tmp_path):
     job = run_job(["tests/jobs/scripts/truncated_data.py", tmp_path], n=2, timeout=90,
-                  env=dict(ENV, HPCDDP_REPORT_DIR=str(tmp_path / "reports")))
-    _failed_within(job, QUICK)
+                  env=dict(QUICK_ENV, HPCDDP_REPORT_DIR=str(tmp_path / "reports")))
+    _failed_without_waiting(job)
     assert job.returncode != 7, "SIGBUS: the reader touched pages past the file's end"
     report = the_report(tmp_path / "reports", "exception", job.output)
     _said(job, report)

@@ -14,8 +14,8 @@ buffer is cut into slices (4 MiB by default) that move through the stages one af
 other, so the link carries one slice while shared memory reduces the next. Slices move
 through the stages in the order they were started, on every rank: MPI matches
 collectives on a communicator by the order they are issued, so a later slice never
-enters a stage before an earlier one has. (16 MiB on two nodes x two ranks at 1 Gbit/s:
-0.65 of the link unsliced, 0.81 in 256 KiB slices, 0.85 in 1 MiB, 0.87 in 4 MiB.)
+enters a stage before an earlier one has. Unsliced, the link idles while shared memory
+reduces; slices of 1-4 MiB keep it busiest (docs/benchmarks.md#across-emulated-nodes).
 """
 
 from typing import List, Optional

@@ -102,15 +102,14 @@ def for_world(setting: str, layout: WorldFacts, device_ring: Optional[str] = Non
                               f"memory inside the node, then each node sends the least an "
                               f"allreduce can over its link)")
     if nodes > 2 and layout.ranks_per_node == 1 and where == HOST:
-        # Measured on emulated nodes at 1 Gbit/s, 16 MiB on 4 nodes: MPICH's allreduce
-        # moved 0.50-0.59 of the link, the ring 0.93.
+        # On 3 nodes or more MPI's own allreduce moves about half of what a link can,
+        # the ring nearly all (docs/benchmarks.md#across-emulated-nodes).
         return Choice("ring", f"HPCDDP_REDUCE=auto: hpcddp's ring on {where} ({shape}: "
                               f"every link carries 2(n-1)/n of the buffer, evenly)")
     if nodes == 2 and layout.ranks_per_node == 1 and where == HOST and \
             layout.mpi_halves_links:
-        # Measured on emulated nodes at 1 Gbit/s, 16 MiB on 2 nodes: Open MPI 5's
-        # allreduce moved 0.48 of the link, the ring 0.93 (0.96 for Open MPI's own with
-        # its ring set).
+        # Open MPI 5's own allreduce uses each link one way at a time unless its ring is
+        # set (docs/benchmarks.md#across-emulated-nodes, docs/which-mpi.md).
         return Choice("ring", f"HPCDDP_REDUCE=auto: hpcddp's ring on {where} ({shape}: "
                               f"Open MPI's own allreduce sends one way at a time here; "
                               f"{OMPI_MCA_ALLREDUCE}=1 makes it a ring)")
@@ -127,12 +126,11 @@ def for_buffer(current: str, nbytes: int, slice_bytes: int, on_device: bool, ran
                half: bool) -> str:
     """The reduction for one buffer of ``nbytes`` where ``current`` is in use.
 
-    MPI reduces float16 and bfloat16 (``half``) in software, element by element: MPICH
-    takes 68 ms to sum 12 MiB of float16 across 2 ranks, where 24 MiB of float32 take
-    9 ms. The ring sums them with torch's vectorized kernels. The node-aware allreduce's
-    three stages cost more than they save on one of its slices (``slice_bytes``): on 2
-    nodes x 2 ranks at 1 Gbit/s, 1 MiB moved 0.35 of the link node-aware and 0.96 by
-    MPI's.
+    MPI reduces float16 and bfloat16 (``half``) in software, element by element, several
+    times slower than float32 of twice the bytes; the ring sums them with torch's
+    vectorized kernels. The node-aware allreduce's three stages cost more than they
+    save on one of its slices (``slice_bytes``), where MPI's own is latency-bound
+    anyway.
     """
     if current == "node" and nbytes <= slice_bytes:
         return "mpi"

@@ -8,6 +8,9 @@ exit3, exit0    rank 1 calls sys.exit(3) / sys.exit(0) in the middle of training
 sigkill         rank 1 kills itself with SIGKILL in the middle of a step
 loader_worker   rank 1's DataLoader worker hangs; the others wait in the DDP step
 healthy         nothing goes wrong (the control)
+slow_close      nothing goes wrong; at exit rank 1 is slow to close what is still open, so
+                the others wait in the closing collectives (a timeline's gather) it has
+                not reached after its departure note
 """
 
 import os
@@ -22,6 +25,17 @@ from torch import nn
 import hpcddp
 
 STEPS = 4
+
+
+class SlowToClose:
+    """Closed at exit before any older owner, as lifetime closes newest first; slow on
+    one rank."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def close(self):
+        time.sleep(self.seconds)
 
 
 class Rows(torch.utils.data.Dataset):
@@ -90,6 +104,10 @@ def main(scenario):
                 dist.all_reduce(total)
     if scenario == "uneven_barrier":
         dist.barrier()
+    if scenario == "slow_close":
+        from hpcddp.comm import lifetime
+        slow = SlowToClose(1.0 if odd else 0.0)
+        lifetime.register(slow, keep_alive=True)
     print(f"rank {world.rank} finished", flush=True)
 
 

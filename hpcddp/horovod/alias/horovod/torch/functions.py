@@ -1,0 +1,3 @@
+"""``horovod.torch.functions``: ``hpcddp.horovod``'s API (Horovod's modules re-export it alike)."""
+
+from hpcddp.horovod import *  # noqa: F401,F403

@@ -1,0 +1,37 @@
+"""The ``HOROVOD_*`` settings a Horovod job carries: those hpcddp honours pass in
+silence, those it cannot honour are named with the reason, an unknown one is named."""
+
+from hpcddp.horovod.settings import HONOURED, WITHOUT_EFFECT, unheeded
+
+
+def test_tuning_that_does_nothing_here_is_named_with_its_reason():
+    lines = unheeded({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "HOROVOD_FUSION_THRESHOLD": "64",
+                      "HOROVOD_TIMELINE": "t.json", "HOROVOD_CYCLE_TIME": "0.5",
+                      "HOROVOD_SPELLED_WRONG": "1", "HPCDDP_TIMEOUT": "60", "PATH": "/bin"})
+    assert lines == [
+        "HOROVOD_CYCLE_TIME=0.5 has no effect: the engine has no cycle: a name is decided "
+        "as the last rank asks for it",
+        "HOROVOD_HIERARCHICAL_ALLREDUCE=1 has no effect: hpcddp chooses the reduction "
+        "(HPCDDP_REDUCE)",
+        "HOROVOD_SPELLED_WRONG=1 has no effect: hpcddp.horovod does not know it"]
+
+
+def test_every_setting_the_package_reads_is_in_the_table():
+    import pathlib
+    import re
+
+    package = pathlib.Path(__file__).resolve().parents[2] / "hpcddp" / "horovod"
+    read = set()
+    for path in package.glob("*.py"):
+        if path.name not in ("settings.py", "run.py"):
+            read |= set(re.findall(r'"(HOROVOD_[A-Z_]+)"', path.read_text()))
+    assert read and read <= set(HONOURED), read - set(HONOURED)
+    assert not set(HONOURED) & set(WITHOUT_EFFECT)
+
+
+def test_every_setting_horovodrun_writes_is_in_the_table():
+    from hpcddp.horovod.run import _SETTINGS
+
+    written = {name for name, _ in _SETTINGS.values()}
+    assert written <= set(HONOURED) | set(WITHOUT_EFFECT), written - set(HONOURED) - set(
+        WITHOUT_EFFECT)
