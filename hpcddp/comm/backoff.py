@@ -11,10 +11,13 @@ that is about to finish costs nothing more), then each pause doubles from ``firs
 to ``cap``; a sleep of any length also releases the GIL.
 """
 
+import contextlib
+import threading
 import time
 from typing import Callable, Optional
 
-__all__ = ["Backoff", "give_way", "giving_way", "mpi_polls", "poll_until"]
+__all__ = ["Backoff", "give_way", "giving_way", "mpi_polls", "patient", "poll_until",
+           "waiting_patiently"]
 
 # A wait for MPI, on the calling thread or on hpcddp's MPI thread, polls back to back for
 # its first 2000 polls (a few milliseconds: a reduction about to finish costs nothing
@@ -22,9 +25,38 @@ __all__ = ["Backoff", "give_way", "giving_way", "mpi_polls", "poll_until"]
 _MPI_SPINS, _MPI_FIRST, _MPI_CAP = 2000, 1e-5, 1e-4
 
 
-def mpi_polls() -> "Backoff":
-    """The pauses between the polls of one wait for MPI (every such wait's)."""
+def mpi_polls(patient: bool = False) -> "Backoff":
+    """The pauses between the polls of one wait for MPI (every such wait's); a
+    ``patient`` one (``waiting_patiently``) pauses from its first poll."""
+    if patient:
+        return Backoff(0, _MPI_FIRST, _PATIENT_CAP)
     return Backoff(_MPI_SPINS, _MPI_FIRST, _MPI_CAP)
+
+
+# A helper thread that waits for MPI while the training thread computes (the Horovod
+# engine's thread, reducing during backward) waits patiently: its waits pause from the
+# first poll, up to 0.5 ms, since polls back to back would take the core from the
+# backward it overlaps (docs/benchmarks.md#a-horovod-programs-step).
+_PATIENT_CAP = 5e-4
+_patient = set()
+
+
+@contextlib.contextmanager
+def waiting_patiently():
+    """Within this block every wait for MPI of the calling thread pauses from its first
+    poll."""
+    ident = threading.get_ident()
+    _patient.add(ident)
+    try:
+        yield
+    finally:
+        _patient.discard(ident)
+
+
+def patient() -> bool:
+    """Whether the calling thread waits patiently (``waiting_patiently``)."""
+    return threading.get_ident() in _patient
+
 
 # On a node with more ranks than cores every wait pauses from its first poll: a rank that
 # polls back to back holds a core that the rank it waits for needs, until the scheduler

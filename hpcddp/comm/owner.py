@@ -27,7 +27,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, Iterator, List, Optional
 
-from hpcddp.comm.backoff import Backoff, mpi_polls
+from hpcddp.comm.backoff import Backoff, mpi_polls, patient
 
 __all__ = ["Owner", "OwnerBusy", "OWNER"]
 
@@ -58,10 +58,10 @@ class _Task:
     wake-up Python has (an ``Event`` builds a condition and a lock per wait).
     """
 
-    __slots__ = ("fn", "args", "_done", "value", "error", "started", "nudge")
+    __slots__ = ("fn", "args", "_done", "value", "error", "started", "nudge", "patient")
 
-    def __init__(self, fn: Callable, args=(), nudge: bool = False):
-        self.fn, self.args, self.nudge = fn, args, nudge
+    def __init__(self, fn: Callable, args=(), nudge: bool = False, patient: bool = False):
+        self.fn, self.args, self.nudge, self.patient = fn, args, nudge, patient
         self._done = _thread.allocate_lock()
         self._done.acquire()
         self.value: Any = None
@@ -109,6 +109,7 @@ class Owner:
         self._thread: Optional[threading.Thread] = None
         self._stopping = False
         self._added = 0  # waits handed over so far
+        self._woken = False  # wake(): poll the waits now, not after the pause
         self._progressing = 0  # ``progressing()`` blocks open now
         self._decided = False
         self._inline = threading.RLock()  # no owner: one caller at a time
@@ -189,7 +190,7 @@ class Owner:
         the owner also calls ``self.nudge()`` between polls."""
         if self.owns():
             return self._poll_here(done, nudge)
-        task = _Task(done, nudge=nudge)
+        task = _Task(done, nudge=nudge, patient=patient())
         since = self._since()
         with self._cond:
             self._waits.append(task)
@@ -205,6 +206,13 @@ class Owner:
         finally:
             self._count(since)
         return task.result()
+
+    def wake(self) -> None:
+        """Have the owner poll its waits now rather than after its pause: what one of
+        them waits for changed other than through MPI (the caller queued work for it)."""
+        with self._cond:
+            self._woken = True
+            self._cond.notify()
 
     def post(self, step: Callable[[], Any]) -> bool:
         """Have the owner call ``step()``, which never blocks and raises nothing, until it
@@ -296,7 +304,7 @@ class Owner:
         return bool(calls or ended)
 
     def _run(self) -> None:
-        polls = mpi_polls()
+        eager, gentle = mpi_polls(), mpi_polls(patient=True)
         moves = Backoff(0, _MOVE_FIRST, _MOVE_CAP)
         added = 0
         while True:
@@ -307,6 +315,8 @@ class Owner:
                     return
                 fresh, added = self._added != added, self._added  # a new wait: poll eagerly
                 waiting = bool(self._waits)
+                # Polled back to back only while some waiting thread is not patient.
+                polls = gentle if all(t.patient for t in self._waits) else eager
             if not waiting:  # progressing, or calls only
                 if self._turn():
                     moves.reset()
@@ -316,14 +326,16 @@ class Owner:
                         if not (self._calls or self._waits):
                             self._cond.wait(moves.next_pause())
                 continue
-            if fresh or self._turn():
-                polls.reset()
+            if self._turn() or (fresh and polls is eager):
+                eager.reset()
+                gentle.reset()
                 continue
             pause = polls.next_pause()
             if pause:
                 with self._cond:
-                    if not self._calls:
+                    if not (self._calls or self._woken):
                         self._cond.wait(pause)
+                    self._woken = False
 
     def close(self) -> None:
         """Stop the owner once the calls handed over are made; later calls are made by

@@ -46,7 +46,8 @@ from hpcddp.comm.backoff import mpi_polls
 from hpcddp.comm.owner import OWNER, OwnerBusy
 
 __all__ = ["LOCK", "OwnerBusy", "SerialComm", "SerialRequest", "call",
-           "keep_moving", "poll", "serialize", "stop_moving", "until", "wait", "wait_all"]
+           "keep_moving", "poll", "serialize", "stop_moving", "until", "wait", "wait_all",
+           "wake"]
 
 LOCK = threading.RLock()
 
@@ -121,6 +122,11 @@ def until(done: Callable[[], Any], nudge: bool = False) -> Any:
     """Have the MPI thread poll ``done()``, MPI tests that never block and take no lock,
     until it returns something true; return that. With ``nudge``, as ``wait``."""
     return OWNER.until(done, nudge)
+
+
+def wake() -> None:
+    """Have the MPI thread poll the waits handed to ``until`` now (``Owner.wake``)."""
+    OWNER.wake()
 
 
 def wait(request: "MPI.Request", status: Optional["MPI.Status"] = None,

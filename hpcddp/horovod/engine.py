@@ -38,7 +38,7 @@ from mpi4py import MPI
 
 from hpcddp import timeline
 from hpcddp.comm import activity, serial
-from hpcddp.comm.backoff import Backoff
+from hpcddp.comm.backoff import waiting_patiently
 from hpcddp.horovod.lanes import TensorLanes
 from hpcddp.horovod.requests import Entry, Pending, ProcessSetInfo, Request, zeros_entry
 from hpcddp.horovod.settings import number
@@ -49,10 +49,6 @@ log = logging.getLogger("hpcddp.horovod")
 
 _REQUEST_TAG, _RESPONSE_TAG = 1, 2
 _WAKE_S = 0.05  # the longest the engine's thread waits before looking round again
-# Between its looks for a message while operations are pending, the engine's thread
-# pauses from 20 us, doubling to 1 ms (Horovod's cycle), so the MPI thread is not kept
-# polling for it through a whole backward pass (docs/benchmarks.md#a-horovod-programs-step).
-_POLL_FIRST_S, _POLL_CAP_S = 2e-5, 1e-3
 
 
 class Engine:
@@ -87,6 +83,7 @@ class Engine:
         self._arrivals = itertools.count()
         self._lanes = TensorLanes()
         self._closing = False
+        self._waiting = False  # the engine's thread waits in serial.until
         self._failure: Optional[BaseException] = None
         self.add_set(list(range(self.size)))    # the global set, id 0
         self._thread = threading.Thread(target=self._run, name="hpcddp-horovod", daemon=True)
@@ -169,6 +166,8 @@ class Engine:
             self._entries[handle] = entry
             self._queued.append(entry)
             self._cond.notify()
+        if self._waiting:
+            serial.wake()
         return handle
 
     def poll(self, handle: int) -> bool:
@@ -203,6 +202,10 @@ class Engine:
     # -- the engine's thread -------------------------------------------------------------
 
     def _run(self) -> None:
+        with waiting_patiently():  # its waits overlap the backward on the training thread
+            self._serve()
+
+    def _serve(self) -> None:
         coordinator = self.rank == 0
         arrived: list = []  # the requests the coordinator's wait took
         try:
@@ -257,15 +260,17 @@ class Engine:
         if got or not wait:
             return got
         deadline = time.monotonic() + _WAKE_S
-        polls = Backoff(0, _POLL_FIRST_S, _POLL_CAP_S)
-        while True:
-            with self._cond:
-                if self._queued or self._closing or time.monotonic() > deadline:
-                    return []
-                self._cond.wait(polls.next_pause())  # a submit cuts it short
-            got = serial.call(take)
-            if got:
-                return got
+
+        def arrived():  # on the MPI thread, which pauses between its polls (patient)
+            return take() or bool(self._queued or self._closing
+                                  or time.monotonic() > deadline)
+
+        self._waiting = True  # a submit wakes the MPI thread to look
+        try:
+            got = serial.until(arrived)
+        finally:
+            self._waiting = False
+        return got if isinstance(got, list) else []
 
     def _coordinator_wait(self) -> list:
         """While anything is pending, wait as the others do (for a request or an entry of
@@ -371,6 +376,7 @@ class Engine:
         with self._cond:
             self._closing = True
             self._cond.notify()
+        serial.wake()
         if self.rank == 0:
             deadline = time.monotonic() + 5.0
             while self._inflight and time.monotonic() < deadline:
