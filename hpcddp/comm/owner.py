@@ -110,6 +110,7 @@ class Owner:
         self._stopping = False
         self._added = 0  # waits handed over so far
         self._woken = False  # wake(): poll the waits now, not after the pause
+        self._moved = False  # moved(): a posted step got something done
         self._progressing = 0  # ``progressing()`` blocks open now
         self._decided = False
         self._inline = threading.RLock()  # no owner: one caller at a time
@@ -214,20 +215,27 @@ class Owner:
             self._woken = True
             self._cond.notify()
 
-    def post(self, step: Callable[[], Any]) -> bool:
+    def post(self, step: Callable[[], Any], patient: bool = False) -> bool:
         """Have the owner call ``step()``, which never blocks and raises nothing, until it
         returns something true, without waiting for it: the caller goes on at once. The
         owner makes it in turn with the calls and waits handed over before it. False
         where there is no owner thread to post to (the caller makes its own calls).
+        A ``patient`` step is polled as a patient wait is (``waiting_patiently``); it
+        calls ``moved()`` when it got something done, so the next poll comes soon.
         """
         thread = self.thread
         if thread is None or thread is threading.current_thread():
             return False
         with self._cond:
-            self._waits.append(_Task(step))
+            self._waits.append(_Task(step, patient=patient))
             self._added += 1
             self._cond.notify()
         return True
+
+    def moved(self) -> None:
+        """Called by a posted step on the owner: it moved something, so the pauses
+        between polls start short again."""
+        self._moved = True
 
     @contextlib.contextmanager
     def progressing(self) -> Iterator[None]:
@@ -326,7 +334,8 @@ class Owner:
                         if not (self._calls or self._waits):
                             self._cond.wait(moves.next_pause())
                 continue
-            if self._turn() or (fresh and polls is eager):
+            if self._turn() or (fresh and polls is eager) or self._moved:
+                self._moved = False
                 eager.reset()
                 gentle.reset()
                 continue

@@ -46,7 +46,8 @@ from hpcddp.comm.backoff import mpi_polls
 from hpcddp.comm.owner import OWNER, OwnerBusy
 
 __all__ = ["LOCK", "OwnerBusy", "SerialComm", "SerialRequest", "call",
-           "keep_moving", "poll", "serialize", "stop_moving", "until", "wait", "wait_all",
+           "keep_moving", "moved", "poll", "post", "serialize", "stop_moving", "until",
+           "wait", "wait_all",
            "wake"]
 
 LOCK = threading.RLock()
@@ -64,10 +65,16 @@ def call(fn: Callable, *args, timeout: Optional[float] = None, **kwargs) -> Any:
     return OWNER.call(fn, *args, timeout=timeout)
 
 
-def post(step: Callable[[], Any]) -> bool:
+def post(step: Callable[[], Any], patient: bool = False) -> bool:
     """Have the owner call ``step()`` until it returns something true, without waiting
     (``Owner.post``); False where the caller must make its own calls."""
-    return OWNER.post(step)
+    return OWNER.post(step, patient)
+
+
+def moved() -> None:
+    """From a step posted with ``patient``, on the MPI thread: it got something done
+    (``Owner.moved``)."""
+    OWNER.moved()
 
 
 mpi_call = call  # its public name: ``hpcddp.mpi_call(comm.Iprobe)``

@@ -6,29 +6,34 @@ its process set has started it, with the same shape, dtype, device, op and root
 everywhere, or fails on every rank with a message naming the tensor and the ranks.
 A second operation of a name still in flight on a rank is refused at once.
 
-How it runs:
+How it runs, all of it on hpcddp's MPI thread (``hpcddp.comm.owner``), as Horovod's
+background thread is the one that enters MPI:
 
-1. ``submit`` (any thread) queues an ``Entry`` and returns its handle at once.
-2. The engine's thread sends the coordinator (rank 0 of the job) a ``Request`` for each
-   new entry, then waits, polled by hpcddp's MPI thread, for what comes first: a
-   response, a new entry, or ``_WAKE_S``. The coordinator waits the same way for
-   requests. Nothing sleeps a cycle: a name is decided once the last rank's request
-   arrives, and fusion takes what is ready then (``HOROVOD_CYCLE_TIME`` has nothing to
-   set). The coordinator warns of names some ranks started and others have not after
+1. ``submit`` (any thread) queues an ``Entry``, returns its handle at once, and has the
+   MPI thread run the engine's ``_step`` (posted there until nothing is left to do).
+2. Each step sends the coordinator (rank 0 of the job) a ``Request`` for each new entry
+   and takes what has arrived: requests on the coordinator, responses elsewhere. It
+   never blocks: the MPI thread polls it between its other work, pausing as for a
+   patient wait, so the training thread keeps its core. Nothing sleeps a cycle: a name
+   is decided once the last rank's request arrives, and fusion takes what is ready then
+   (``HOROVOD_CYCLE_TIME`` has nothing to set). An idle coordinator looks for requests
+   every ``_WAKE_S`` (for sets without rank 0, and for the stall check), and warns of
+   names some ranks started and others have not after
    ``HOROVOD_STALL_CHECK_TIME_SECONDS``.
 3. The coordinator keeps, per (process set, name), each rank's request. Once every rank
    of the set has one, it checks they agree and appends a response: a fused allreduce of
    consecutive ready allreduces that agree in dtype, device, op and scaling, up to
    ``HOROVOD_FUSION_THRESHOLD`` bytes (a group, ``grouped_*``, is released whole), any
    other operation alone, or an error. Responses go to the set's ranks in one order.
-4. Every rank runs the responses for its sets in that order (``execute.py``), on a
-   communicator per set, so MPI sees the same collectives in the same order everywhere,
-   then completes the handles. A handle completes while the caller computes; ``poll``
-   asks, ``wait`` blocks.
+4. Every rank starts the responses for its sets in that order (``execute.py``), on a
+   communicator per set, so MPI sees the same collectives in the same order everywhere;
+   later steps test them and complete each handle as its operation ends. A handle
+   completes while the caller computes; ``poll`` asks, ``wait`` blocks.
 """
 
 import itertools
 import logging
+from collections import deque
 import os
 import threading
 import time
@@ -38,7 +43,6 @@ from mpi4py import MPI
 
 from hpcddp import timeline
 from hpcddp.comm import activity, serial
-from hpcddp.comm.backoff import waiting_patiently
 from hpcddp.horovod.lanes import TensorLanes
 from hpcddp.horovod.requests import Entry, Pending, ProcessSetInfo, Request, zeros_entry
 from hpcddp.horovod.settings import number
@@ -48,7 +52,8 @@ __all__ = ["Engine"]
 log = logging.getLogger("hpcddp.horovod")
 
 _REQUEST_TAG, _RESPONSE_TAG = 1, 2
-_WAKE_S = 0.05  # the longest the engine's thread waits before looking round again
+_WAKE_S = 0.05  # how often an idle coordinator looks for requests
+_STALL_CHECK_S = 0.25  # how often the coordinator looks for stalled names
 
 
 class Engine:
@@ -78,16 +83,24 @@ class Engine:
         # the other ranks were (Horovod's cycle made that likely, not certain).
         self._taken: Dict[Tuple[int, str], Entry] = {}
         self._sends: List[MPI.Request] = []
+        self._todo: deque = deque()             # responses not yet started, in order
+        self._running: list = []                # (response, entries, Running, began)
         self._table: Dict[Tuple[int, str], Pending] = {}
         self._joined: Dict[int, List[int]] = {}  # the coordinator's: per set, in join order
         self._arrivals = itertools.count()
         self._lanes = TensorLanes()
         self._closing = False
-        self._waiting = False  # the engine's thread waits in serial.until
+        self._posted = False    # _step is posted on the MPI thread
+        self._stopped = False   # closed or failed: _step does nothing more
+        self._next_stall_check = 0.0
         self._failure: Optional[BaseException] = None
         self.add_set(list(range(self.size)))    # the global set, id 0
-        self._thread = threading.Thread(target=self._run, name="hpcddp-horovod", daemon=True)
-        self._thread.start()
+        self._ticker: Optional[threading.Thread] = None
+        self._tick_stop = threading.Event()
+        if self.rank == 0:
+            self._ticker = threading.Thread(target=self._tick, name="hpcddp-horovod",
+                                            daemon=True)
+            self._ticker.start()
 
     # -- process sets (collective over the job) ------------------------------------------
 
@@ -165,9 +178,11 @@ class Engine:
             self._taken[key] = entry
             self._entries[handle] = entry
             self._queued.append(entry)
-            self._cond.notify()
-        if self._waiting:
-            serial.wake()
+            posted, self._posted = self._posted, True
+        if posted:
+            serial.wake()  # the MPI thread sends it now, not after its pause
+        else:
+            serial.post(self._step, patient=True)
         return handle
 
     def poll(self, handle: int) -> bool:
@@ -179,10 +194,11 @@ class Engine:
         operation's error, on every rank it failed on."""
         entry = self._entry(handle)
         if not entry.done.is_set():
+            # Handed to the MPI thread as a wait of its own: while a thread waits there
+            # not patiently, it polls the engine's step back to back (the caller has
+            # nothing to compute), and it wakes the caller the moment the step is done.
             with activity.waiting(f"hvd: {entry.request.kind} {entry.request.name!r}"):
-                while not entry.done.wait(0.1):
-                    if self._failure is not None and not entry.done.is_set():
-                        break
+                serial.until(lambda: entry.done.is_set() or self._failure is not None)
         with self._cond:
             self._entries.pop(handle, None)
             self._taken.pop((entry.request.set_id, entry.request.name), None)
@@ -199,99 +215,72 @@ class Engine:
                              f"(already synchronized, or never started)")
         return entry
 
-    # -- the engine's thread -------------------------------------------------------------
+    # -- the engine's step, on the MPI thread ----------------------------------------
 
-    def _run(self) -> None:
-        with waiting_patiently():  # its waits overlap the backward on the training thread
-            self._serve()
+    def _tick(self) -> None:
+        """The coordinator's: while idle, have a step look for requests every _WAKE_S."""
+        while not self._tick_stop.wait(_WAKE_S):
+            with self._cond:
+                if self._posted or self._stopped:
+                    continue
+                self._posted = True
+            serial.post(self._step, patient=True)
 
-    def _serve(self) -> None:
-        coordinator = self.rank == 0
-        arrived: list = []  # the requests the coordinator's wait took
+    def _step(self) -> bool:
+        """One look round: send, take, decide, start, complete. True: nothing is left
+        to do (the step is no longer posted)."""
+        if self._stopped:
+            return True
         try:
-            while True:
-                with self._cond:
-                    while not (self._queued or self._inflight or self._closing
-                               or coordinator):
-                        self._cond.wait()
-                    if self._closing and not self._inflight:
-                        return
-                    fresh, self._queued = self._queued, []
-                    busy = bool(self._inflight)
-                requests = [e.request for e in fresh]
-                if coordinator:
-                    responses = self._coordinate(requests + arrived + self._exchange([]))
-                else:
-                    responses = self._exchange(requests, wait=busy)
-                for response in responses:
-                    self._execute(response)
-                if coordinator:
-                    arrived = self._coordinator_wait()
+            return self._look_round()
         except BaseException as error:  # noqa: BLE001 - every handle must learn of it
             self._fail(error)
-            # And the job: the other ranks wait for this engine (rank 0 coordinates), and
-            # this rank's main thread may be in a collective no handle is part of. The
-            # thread's exception ends the job through hpcddp's abort, naming this rank.
-            raise
+            _end_job(error)
+            return True
 
-    def _exchange(self, requests: List[Request], wait: bool = False) -> list:
-        """Send ``requests`` to the coordinator; take what arrived (requests on the
-        coordinator, responses elsewhere). With ``wait``, until a response arrives, this
-        rank submits more, or ``_WAKE_S`` passes: the MPI thread polls for it, so what
-        arrives is acted on at once."""
+    def _look_round(self) -> bool:
+        coordinator = self.rank == 0
         comm = self._negotiation
-        tag = _REQUEST_TAG if self.rank == 0 else _RESPONSE_TAG
-
-        def take():
+        with self._cond:
+            fresh, self._queued = self._queued, []
+        moved = bool(fresh)
+        if self._sends:
             self._sends = [r for r in self._sends if not MPI.Request.Test(r)]
-            got = []
-            while True:
-                message = MPI.Comm.improbe(comm, MPI.ANY_SOURCE, tag)
-                if message is None:
-                    return got
-                got.extend(message.recv())
-
-        def step():
+        requests = [e.request for e in fresh]
+        if coordinator:
+            arrived = requests + _take(comm, _REQUEST_TAG)
+            if arrived or (self._table and time.monotonic() >= self._next_stall_check):
+                self._todo.extend(self._coordinate(arrived))
+                moved = True
+        else:
             if requests:
                 self._sends.append(MPI.Comm.isend(comm, requests, dest=0, tag=_REQUEST_TAG))
-            return take()
-
-        got = serial.call(step)
-        if got or not wait:
-            return got
-        deadline = time.monotonic() + _WAKE_S
-
-        def arrived():  # on the MPI thread, which pauses between its polls (patient)
-            return take() or bool(self._queued or self._closing
-                                  or time.monotonic() > deadline)
-
-        self._waiting = True  # a submit wakes the MPI thread to look
-        try:
-            got = serial.until(arrived)
-        finally:
-            self._waiting = False
-        return got if isinstance(got, list) else []
-
-    def _coordinator_wait(self) -> list:
-        """While anything is pending, wait as the others do (for a request or an entry of
-        its own); idle, sleep until an entry of its own or ``_WAKE_S`` (polling MPI then
-        would keep the MPI thread at 80 % of a core): the others' requests for names it
-        has not started cannot be answered before it starts them, except in sets without
-        rank 0, which wait up to ``_WAKE_S`` for their first request to be seen."""
+            responses = _take(comm, _RESPONSE_TAG)
+            if responses:
+                self._todo.extend(responses)
+                moved = True
+        while self._todo:
+            self._start(self._todo.popleft())
+            moved = True
+        if self._running:
+            still = []
+            for running in self._running:
+                if running[2].test():
+                    self._finish(*running)
+                    moved = True
+                else:
+                    still.append(running)
+            self._running = still
+        if moved:
+            serial.moved()
         with self._cond:
-            pending = bool(self._inflight or self._table)
-            if not pending and not self._queued:
-                self._cond.wait(_WAKE_S)
-        return self._exchange([], wait=pending)
-
-    def _send_responses(self, per_rank: Dict[int, list]) -> None:
-        comm = self._negotiation
-
-        def step():
-            for rank, responses in per_rank.items():
-                self._sends.append(MPI.Comm.isend(comm, responses, dest=rank,
-                                                  tag=_RESPONSE_TAG))
-        serial.call(step)
+            if self._queued:
+                return False
+            busy = self._inflight or self._running or (coordinator and self._table)
+            if busy and not (self._closing and not self._inflight):
+                return False
+            self._posted = False
+            return True
 
     # -- the coordinator -----------------------------------------------------------------
 
@@ -307,8 +296,10 @@ class Engine:
             if request.kind == "join":
                 self._joined.setdefault(request.set_id, []).append(request.rank)
         responses = ready_responses(self._table, self._sets, self.fusion_bytes,
-                                    self._joined)
-        stalled(self._table, self._sets, self.stall_s, self.stall_shutdown_s, log)
+                                    self._joined) if requests else []
+        if self._table and time.monotonic() >= self._next_stall_check:
+            self._next_stall_check = time.monotonic() + _STALL_CHECK_S
+            stalled(self._table, self._sets, self.stall_s, self.stall_shutdown_s, log)
         # Who takes each response is read before any is sent: once a set without rank 0
         # has its last response, its ranks may finish and remove it (remove_set).
         per_rank: Dict[int, list] = {}
@@ -319,13 +310,14 @@ class Engine:
                     own.append(response)
                 else:
                     per_rank.setdefault(rank, []).append(response)
-        if per_rank:
-            self._send_responses(per_rank)
+        for rank, sent in per_rank.items():
+            self._sends.append(MPI.Comm.isend(self._negotiation, sent, dest=rank,
+                                              tag=_RESPONSE_TAG))
         return own
 
-    # -- running a response --------------------------------------------------------------
+    # -- running a response --------------------------------------------------------
 
-    def _execute(self, response) -> None:
+    def _start(self, response) -> None:
         info = self._sets[response.set_id]
         with self._cond:
             entries = [self._inflight.get((response.set_id, name)) for name in response.names]
@@ -340,17 +332,31 @@ class Engine:
                 return  # failed on the ranks that started it; this rank had joined
             entries = [e if e is not None else zeros_entry(response, k)
                        for k, e in enumerate(entries)]
-        if response.error is None:
-            began = timeline.now()
-            try:
-                info.executor.run(response, entries)
-            except Exception as error:  # noqa: BLE001 - raised at each handle's wait
-                for entry in entries:
-                    entry.error = error
-            self._lanes.record(response, entries, began)
-        else:
+        if response.error is not None:
             for entry in entries:
                 entry.error = RuntimeError(response.error)
+            self._complete(response, entries)
+            return
+        began = timeline.now()
+        try:
+            running = info.executor.start(response, entries)
+        except Exception as error:  # noqa: BLE001 - raised at each handle's wait
+            for entry in entries:
+                entry.error = error
+            self._complete(response, entries)
+            return
+        self._running.append((response, entries, running, began))
+
+    def _finish(self, response, entries, running, began) -> None:
+        try:
+            running.finish()
+        except Exception as error:  # noqa: BLE001 - raised at each handle's wait
+            for entry in entries:
+                entry.error = error
+        self._lanes.record(response, entries, began)
+        self._complete(response, entries)
+
+    def _complete(self, response, entries) -> None:
         with self._cond:
             for name, entry in zip(response.names, entries):
                 if not entry.zeros:
@@ -364,6 +370,7 @@ class Engine:
             HorovodInternalError(f"hvd: the engine on rank {self.rank} stopped: {error!r}")
         with self._cond:
             self._failure = failure
+            self._stopped = True
             entries = list(self._inflight.values()) + self._queued
             self._inflight.clear()
             self._queued = []
@@ -372,25 +379,54 @@ class Engine:
             entry.done.set()
 
     def close(self) -> None:
-        """Wait for the operations in flight, stop the thread, free the communicators."""
+        """Wait for the operations in flight, stop the engine, free the communicators."""
         with self._cond:
             self._closing = True
-            self._cond.notify()
-        serial.wake()
+            posted, self._posted = self._posted, True
+        if posted:
+            serial.wake()
+        else:
+            serial.post(self._step, patient=True)
+        self._tick_stop.set()
+        if self._ticker is not None:
+            self._ticker.join(timeout=5.0)
         if self.rank == 0:
             deadline = time.monotonic() + 5.0
             while self._inflight and time.monotonic() < deadline:
                 time.sleep(0.01)
             with self._cond:
                 self._inflight.clear()
-                self._cond.notify()
-        self._thread.join(timeout=10.0)
-        for entry in list(self._inflight.values()):
+        deadline = time.monotonic() + 10.0
+        while self._posted and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._stopped = True
+        if self._inflight:
             self._fail(ValueError("Horovod is shutting down."))
-            break
         for info in self._sets.values():
             if info.executor is not None:
                 info.executor.close()
         self._sets.clear()
         serial.call(lambda: [MPI.Request.Wait(r) for r in self._sends])
         self._negotiation.Free()
+
+
+def _take(comm, tag: int) -> list:
+    """Every message of ``tag`` that has arrived on ``comm`` (lists, concatenated)."""
+    got = []
+    while True:
+        message = MPI.Comm.improbe(comm, MPI.ANY_SOURCE, tag)
+        if message is None:
+            return got
+        got.extend(message.recv())
+
+
+def _end_job(error: BaseException) -> None:
+    """The engine failed on the MPI thread: end the job as an uncaught exception in a
+    thread of hpcddp's ends it (the abort hook names this rank). The other ranks wait
+    for this engine (rank 0 coordinates), and this rank's main thread may be in a
+    collective no handle is part of. Raised on a thread of its own, since the MPI thread
+    must go on to make the abort's calls."""
+    def fail():
+        raise error
+
+    threading.Thread(target=fail, name="hpcddp-horovod", daemon=True).start()

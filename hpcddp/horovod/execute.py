@@ -3,14 +3,15 @@
 Each response runs as collectives of hpcddp's torch.distributed backend
 (``MPIProcessGroup``) on a communicator of the set's own, so CUDA tensors take the same
 routes as everywhere in hpcddp (device buffers where MPI is CUDA-aware, pinned staging
-otherwise) and bfloat16 reduces as torch rounds it. Called on the engine's thread, in
-the coordinator's order.
+otherwise) and bfloat16 reduces as torch rounds it. Started on hpcddp's MPI thread in
+the coordinator's order, each without waiting for the ones before it.
 
 Horovod's semantics, kept here:
 
 - allreduce: ``Average`` is a sum divided by the set's size, after ``prescale_factor``
   and with ``postscale_factor``; integer tensors are scaled in float64 and truncated, as
-  Horovod's ``ScaleBuffer`` does. Fused allreduces travel as one flat buffer.
+  Horovod's ``ScaleBuffer`` does. A fused allreduce's tensors travel as one flat
+  buffer, but for those of ``_ALONE_BYTES`` or more, each reduced where it lies.
 - Adasum: each tensor's per-rank values combined pairwise in a binary tree, ranks
   (0, 1), (2, 3), ... first, then the pairs' results, as Horovod's recursive halving
   pairs them; ``adasum`` says the rule. The set's size must be a power of two. The
@@ -34,7 +35,7 @@ import torch.distributed as dist
 
 from hpcddp.horovod.common import Adasum, Average, Max, Min, Product, Sum
 
-__all__ = ["Executor", "adasum", "adasum_tree", "reducescatter_rows"]
+__all__ = ["Executor", "Running", "adasum", "adasum_tree", "reducescatter_rows"]
 
 _REDUCE_OPS = {Sum: dist.ReduceOp.SUM, Average: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN,
                Max: dist.ReduceOp.MAX, Product: dist.ReduceOp.PRODUCT}
@@ -96,9 +97,40 @@ def scale_into(out: torch.Tensor, src: torch.Tensor, factor: float) -> None:
         out.copy_(scale(src, factor))
 
 
+# In a fused allreduce, a tensor of this many bytes or more is reduced where it lies (in
+# place, where the caller reduces in place) rather than copied into the fused buffer and
+# back: the copies of a model's large gradients cost more than their own allreduce's
+# latency. Decided from the response, so every rank issues the same collectives.
+_ALONE_BYTES = 1 << 20
+
+
+class Running:
+    """A response started on MPI: its collectives' works, and what completes it."""
+
+    __slots__ = ("works", "then", "entries")
+
+    def __init__(self, works, then, entries):
+        self.works, self.then, self.entries = works, then, entries
+
+    def test(self) -> bool:
+        """Whether MPI has completed it (never blocks)."""
+        while self.works and self.works[0].is_completed():
+            self.works.pop(0)
+        return not self.works
+
+    def finish(self) -> None:
+        """Results into place and each handle's outcome (once ``test()`` is true)."""
+        if self.then is not None:
+            with torch.no_grad():
+                self.then()
+        for entry in self.entries:
+            entry.result = entry.finish(entry) if entry.finish else entry.output
+
+
 class Executor:
     """The collectives of one process set, on ``comm`` (this rank's duplicate of the
-    set's communicator)."""
+    set's communicator). ``start`` issues a response's collectives without waiting for
+    them; the engine tests and finishes the ``Running`` it returns, in any order."""
 
     def __init__(self, comm, world, ranks):
         from hpcddp.backend.process_group import MPIProcessGroup
@@ -111,50 +143,70 @@ class Executor:
     def close(self) -> None:
         self.group.close()
 
-    def run(self, response, entries) -> None:
+    def start(self, response, entries) -> Running:
         with torch.no_grad():  # data only: autograd is the callers' (mpi_ops' Functions)
-            getattr(self, "_" + response.kind)(response, entries)
-        for entry in entries:
-            entry.result = entry.finish(entry) if entry.finish else entry.output
+            works, then = getattr(self, "_" + response.kind)(response, entries)
+        return Running(works, then, entries)
 
-    # -- the kinds -----------------------------------------------------------------------
+    # -- the kinds: each issues its collectives and returns (works, then) ----------------
 
-    def _allreduce(self, response, entries) -> None:
+    def _allreduce(self, response, entries):
         head = entries[0].request
-        tensors = [e.tensor for e in entries]
-        if len(tensors) == 1:
-            tensor = tensors[0]
-            if tensor is entries[0].output and tensor.is_contiguous():
-                flat = tensor  # in place: reduced where it is
-                scale_into(flat, flat, head.prescale)
-            else:
-                flat = scale(tensor.contiguous(), head.prescale)
-                if flat.data_ptr() == tensor.data_ptr():
-                    flat = flat.clone()  # the input stays as it was
-        else:
-            flat = scale(torch.cat([t.reshape(-1) for t in tensors]), head.prescale)
         if head.op == Adasum:
-            flat = self._adasum(flat.reshape(-1), [e.tensor.numel() for e in entries])
-        else:
-            opts = dist.AllreduceOptions()
-            opts.reduceOp = _REDUCE_OPS[head.op]
-            self.group.allreduce([flat], opts).wait()
+            return self._adasum(entries)
+        alone = [e for e in entries if e.tensor.numel() * e.tensor.element_size()
+                 >= _ALONE_BYTES] if len(entries) > 1 else []
+        fused = [e for e in entries if not any(e is a for a in alone)]
         post = head.postscale / self.size if head.op == Average else head.postscale
-        offset = 0
-        for entry in entries:  # scaled on the way out: one pass over the bytes
-            n = entry.tensor.numel()
-            part = flat.reshape(-1)[offset:offset + n].view(entry.tensor.shape)
-            offset += n
-            scale_into(entry.output, part, post)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = _REDUCE_OPS[head.op]
+        buffers = []
+        if fused:
+            buffers.append((self._fused_buffer(fused, head.prescale), fused))
+        buffers += [(self._own_buffer(e, head.prescale), [e]) for e in alone]
+        works = [self.group.allreduce([flat], opts) for flat, _ in buffers]
 
-    def _adasum(self, flat: torch.Tensor, sizes: List[int]) -> torch.Tensor:
+        def then():
+            for flat, part_of in buffers:  # scaled on the way out: one pass over the bytes
+                offset = 0
+                for entry in part_of:
+                    n = entry.tensor.numel()
+                    part = flat.reshape(-1)[offset:offset + n].view(entry.tensor.shape)
+                    offset += n
+                    scale_into(entry.output, part, post)
+        return works, then
+
+    @staticmethod
+    def _own_buffer(entry, prescale: float) -> torch.Tensor:
+        """What one tensor is reduced in: itself where the result goes there, else a
+        scaled copy (the input stays as it was)."""
+        tensor = entry.tensor
+        if tensor is entry.output and tensor.is_contiguous():
+            scale_into(tensor, tensor, prescale)
+            return tensor  # in place: reduced where it is
+        flat = scale(tensor.contiguous(), prescale)
+        return flat.clone() if flat.data_ptr() == tensor.data_ptr() else flat
+
+    def _fused_buffer(self, entries, prescale: float) -> torch.Tensor:
+        if len(entries) == 1:
+            return self._own_buffer(entries[0], prescale)
+        return scale(torch.cat([e.tensor.reshape(-1) for e in entries]), prescale)
+
+    def _adasum(self, entries):
+        head = entries[0].request
+        flat = scale(torch.cat([e.tensor.reshape(-1) for e in entries]), head.prescale)
+        sizes = [e.tensor.numel() for e in entries]
         gathered = [torch.empty_like(flat) for _ in range(self.size)]
-        self.group.allgather([gathered], [flat]).wait()
-        pieces = [part.split(sizes) for part in gathered]
-        return torch.cat([adasum_tree([rank[k] for rank in pieces])
-                          for k in range(len(sizes))])
+        work = self.group.allgather([gathered], [flat])
 
-    def _allgather(self, response, entries) -> None:
+        def then():
+            pieces = [part.split(sizes) for part in gathered]
+            for k, entry in enumerate(entries):
+                combined = adasum_tree([rank[k] for rank in pieces])
+                scale_into(entry.output, combined.view(entry.tensor.shape), head.postscale)
+        return [work], then
+
+    def _allgather(self, response, entries):
         (entry,) = entries
         tensor = entry.tensor.contiguous()
         rows = response.sizes
@@ -162,10 +214,11 @@ class Executor:
         out = tensor.new_empty((sum(rows),) + rest) if tensor.dim() else \
             tensor.new_empty((len(rows),))
         parts = list(out.split(rows)) if tensor.dim() else list(out.split(1))
-        self.group.allgather([parts], [tensor.reshape(parts[self._mine()].shape)]).wait()
+        work = self.group.allgather([parts], [tensor.reshape(parts[self._mine()].shape)])
         entry.output = out
+        return [work], None
 
-    def _broadcast(self, response, entries) -> None:
+    def _broadcast(self, response, entries):
         (entry,) = entries
         root = self.ranks.index(entry.request.root)
         target = entry.output
@@ -174,22 +227,22 @@ class Executor:
         buf = target if target.is_contiguous() else target.contiguous()
         opts = dist.BroadcastOptions()
         opts.rootRank = root
-        self.group.broadcast([buf], opts).wait()
-        if buf is not target:
-            target.copy_(buf)
+        work = self.group.broadcast([buf], opts)
+        return [work], (None if buf is target else lambda: target.copy_(buf))
 
-    def _alltoall(self, response, entries) -> None:
+    def _alltoall(self, response, entries):
         (entry,) = entries
         me = self._mine()
         send = response.sizes[me]
         tensor = entry.tensor[:sum(send)].contiguous()  # rows past the splits stay
         recv = [row[me] for row in response.sizes]
         out = tensor.new_empty((sum(recv),) + tuple(tensor.shape[1:]))
-        self.group.alltoall_base(out, tensor, recv, send).wait()
+        work = self.group.alltoall_base(out, tensor, recv, send)
         entry.output = out
         entry.extra = torch.tensor(recv, dtype=torch.int32)
+        return [work], None
 
-    def _reducescatter(self, response, entries) -> None:
+    def _reducescatter(self, response, entries):
         (entry,) = entries
         head = entry.request
         tensor = scale(entry.tensor.contiguous(), head.prescale)
@@ -198,17 +251,21 @@ class Executor:
         out = torch.empty_like(parts[self._mine()])
         opts = dist.ReduceScatterOptions()
         opts.reduceOp = _REDUCE_OPS[head.op]
-        self.group.reduce_scatter([out], [parts], opts).wait()
+        work = self.group.reduce_scatter([out], [parts], opts)
         post = head.postscale / self.size if head.op == Average else head.postscale
-        entry.output = scale(out, post)
 
-    def _barrier(self, response, entries) -> None:
-        self.group.barrier().wait()
+        def then():
+            entry.output = scale(out, post)
+        return [work], then
 
-    def _join(self, response, entries) -> None:
+    def _barrier(self, response, entries):
+        return [self.group.barrier()], None
+
+    def _join(self, response, entries):
         # Every rank has joined; no data moves. The result: the last rank to join.
         (entry,) = entries
         entry.output = response.sizes[0]
+        return [], None
 
     def _mine(self) -> int:
         return self.group.comm.rank
