@@ -88,6 +88,7 @@ def init(comm: Optional[Union[Sequence[int], "object"]] = None,
     """
     from hpcddp import runtime, timeline
     from hpcddp.env import get_setting
+    from hpcddp.horovod import lanes
     from hpcddp.horovod.engine import Engine
     from hpcddp.horovod.settings import unheeded
     from hpcddp.timeline.profiler import start_timeline
@@ -104,6 +105,9 @@ def init(comm: Optional[Union[Sequence[int], "object"]] = None,
         base = _communicator(comm)
         world = runtime.current_world()
         trace = os.environ.get("HOROVOD_TIMELINE") or None
+        if trace == "DYNAMIC":  # Horovod's: start_timeline() starts it later
+            trace = None
+        lanes.mark_cycles(os.environ.get("HOROVOD_TIMELINE_MARK_CYCLES", "0") not in ("", "0"))
         if world is None:
             world = runtime.init(base, timeline=trace if not get_setting("TIMELINE") else None)
         elif trace and not timeline.recording():
@@ -134,13 +138,13 @@ def init(comm: Optional[Union[Sequence[int], "object"]] = None,
 
 
 def _require_helper_thread() -> None:
-    """The engine's thread hands its MPI calls to hpcddp's MPI thread, which needs
-    ``MPI_THREAD_SERIALIZED`` or more."""
+    """The engine runs on hpcddp's MPI thread beside the threads that call ``hvd``, which
+    needs ``MPI_THREAD_SERIALIZED`` or more."""
     from mpi4py import MPI
 
     if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
         raise ValueError("hvd.init(): MPI was started below MPI_THREAD_SERIALIZED, and "
-                         "Horovod's engine runs on a thread of its own; leave mpi4py's "
+                         "Horovod's engine runs on hpcddp's MPI thread; leave mpi4py's "
                          "thread level at its default (multiple) or set "
                          "MPI4PY_RC_THREAD_LEVEL=serialized")
 
@@ -263,15 +267,21 @@ def rocm_built() -> bool:
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Record the timeline into ``file_path`` from now (hpcddp's Chrome trace, a lane per
-    tensor); one being recorded into another file is written first. ``mark_cycles``: the
-    engine has no cycles to mark.
+    tensor, written as the job runs); one being recorded into another file is written
+    first. ``mark_cycles``: a ``CYCLE_START`` moment for each negotiation round of the
+    coordinator. As in Horovod, the job must run with ``HOROVOD_TIMELINE`` set
+    (``DYNAMIC``: nothing is recorded until this call).
 
     .. warning:: Collective.
     """
     from hpcddp import timeline
+    from hpcddp.horovod import lanes
     from hpcddp.timeline.profiler import start_timeline as start
 
     world = _world()
+    if not os.environ.get("HOROVOD_TIMELINE"):
+        raise ValueError("Set HOROVOD_TIMELINE=DYNAMIC to enable dynamic timeline usage.")
+    lanes.mark_cycles(bool(mark_cycles))
     recorder = timeline.current()
     if recorder is not None:
         if os.path.abspath(recorder.path) == os.path.abspath(file_path):

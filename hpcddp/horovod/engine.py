@@ -43,6 +43,7 @@ from mpi4py import MPI
 
 from hpcddp import timeline
 from hpcddp.comm import activity, serial
+from hpcddp.horovod import lanes
 from hpcddp.horovod.lanes import TensorLanes
 from hpcddp.horovod.requests import Entry, Pending, ProcessSetInfo, Request, zeros_entry
 from hpcddp.horovod.settings import number
@@ -249,6 +250,8 @@ class Engine:
         requests = [e.request for e in fresh]
         if coordinator:
             arrived = requests + _take(comm, _REQUEST_TAG)
+            if arrived:
+                lanes.cycle()
             if arrived or (self._table and time.monotonic() >= self._next_stall_check):
                 self._todo.extend(self._coordinate(arrived))
                 moved = True

@@ -18,7 +18,9 @@ HONOURED = {
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "seconds before such a name ends the job (0: "
                                            "HPCDDP_TIMEOUT does)",
     "HOROVOD_DYNAMIC_PROCESS_SETS": "add_process_set and remove_process_set after init()",
-    "HOROVOD_TIMELINE": "hpcddp's Chrome trace with a lane per tensor",
+    "HOROVOD_TIMELINE": "hpcddp's Chrome trace with a lane per tensor, written as the "
+                        "job runs (DYNAMIC: from start_timeline())",
+    "HOROVOD_TIMELINE_MARK_CYCLES": "a CYCLE_START moment per negotiation round",
     "HOROVOD_ELASTIC": "the optimizer's hooks also at one rank",
 }
 
@@ -27,7 +29,6 @@ WITHOUT_EFFECT = {
                           "asks for it",
     "HOROVOD_CACHE_CAPACITY": "every operation is negotiated; the negotiation is one "
                               "message each way",
-    "HOROVOD_TIMELINE_MARK_CYCLES": "there are no cycles to mark",
     "HOROVOD_HIERARCHICAL_ALLREDUCE": "hpcddp chooses the reduction (HPCDDP_REDUCE)",
     "HOROVOD_HIERARCHICAL_ALLGATHER": "allgathers are MPI's",
     "HOROVOD_AUTOTUNE": "hpcddp.DistributedDataParallel(bucket_cap_mb='auto') tunes DDP",

@@ -4,9 +4,12 @@
 rank: forward, backward, each DDP bucket's launch, its reduction in MPI (from the moment
 it is issued to the moment a ``Test`` or ``Wait`` sees it complete), the wait for it and
 the copy back, the optimizer step and the waits for the loader. Clocks are aligned at a
-barrier when recording starts. Events stay in memory (up to ``limit`` per rank; later ones
-are counted, not kept) and are gathered to rank 0, which writes the file when hpcddp shuts
-down (``hpcddp.shutdown()``, or at exit).
+barrier when recording starts. Rank 0 writes its own events into the file as they happen,
+as a JSON array that is left open (the Trace Event Format lets a reader take an array
+without its closing bracket, and ``read_events`` does), so the file can be read while
+the job runs. Every rank also keeps its events in memory (up to ``limit``; later ones are
+counted, not kept); when hpcddp shuts down (``hpcddp.shutdown()``, or at exit) they are
+gathered to rank 0, which replaces the file by the whole trace of every rank at once.
 
 Off, a span costs one global lookup and returns a shared null context. The torch layer may
 ``mirror`` spans into ``torch.profiler`` traces (``record_function``), whether or not a
@@ -18,6 +21,7 @@ complete events, ``"M"`` metadata).
 import json
 import os
 import socket
+import threading
 import time
 from contextlib import nullcontext
 from typing import Callable, Optional
@@ -25,8 +29,9 @@ from typing import Callable, Optional
 from hpcddp.comm import lifetime
 from hpcddp.comm.outcome import share_outcome
 
-__all__ = ["BUCKET_LANE", "COMPUTE", "LOADER", "REDUCER", "TORCH", "Timeline", "current", "mark",
-           "mirror", "name_lane", "now", "recording", "span", "start"]
+__all__ = ["BUCKET_LANE", "COMPUTE", "LOADER", "REDUCER", "TORCH", "Timeline", "current",
+           "instant", "mark", "mirror", "name_lane", "now", "read_events", "recording", "span",
+           "start"]
 
 COMPUTE, REDUCER, LOADER, TORCH = 1, 2, 3, 4  # lanes (trace "threads") of each rank
 BUCKET_LANE = 100  # DDP bucket b's reductions are lane 100 + b
@@ -101,6 +106,33 @@ def mark(name: str, lane: int, began: int, ended: Optional[int] = None, **args) 
         _recorder.add(name, lane, began, now() if ended is None else ended, args or None)
 
 
+def instant(name: str, lane: int, **args) -> None:
+    """Record a moment (an instant event, ``ph: "i"``) on ``lane``."""
+    if _recorder is not None:
+        _recorder.add(name, lane, now(), None, args or None)
+
+
+def read_events(path) -> list:
+    """The events of a trace file: a whole trace (``{"traceEvents": [...]}``) or the
+    array rank 0 is still writing (no closing bracket, perhaps a last line cut short).
+    """
+    with open(path) as f:
+        text = f.read()
+    if text.lstrip().startswith("{"):
+        return json.loads(text)["traceEvents"]
+    lines = text.splitlines()[1:]  # the opening "["
+    events = []
+    for line in lines:
+        line = line.rstrip().rstrip(",")
+        if line in ("", "]"):
+            continue
+        try:
+            events.append(json.loads(line))
+        except ValueError:  # the line being written
+            break
+    return events
+
+
 class Timeline:
     """The recording of one rank; ``close()`` (collective) writes the trace on rank 0.
 
@@ -113,8 +145,13 @@ class Timeline:
     def __init__(self, path: str, comm, limit: int = 1_000_000):
         self.path, self.comm, self.limit = os.fspath(path), comm, limit
         self.events, self.dropped, self.closed = [], 0, False
+        self._stream, self._streamed_lanes, self._lock = None, set(), threading.Lock()
         comm.Barrier()
-        self.origin = now()
+        self.origin, self.began_unix_us = now(), time.time_ns() // 1000
+        if comm.rank == 0:
+            self._stream = open(self.path, "w")
+            self._stream.write("[\n")
+            self._write_streamed(self._process_events())
         lifetime.register(self, keep_alive=True)  # written collectively before MPI ends
 
     def add(self, name, lane, began, ended, args) -> None:
@@ -122,24 +159,47 @@ class Timeline:
             self.events.append((name, lane, began, ended, args))
         else:
             self.dropped += 1
+        if self._stream is not None:
+            with self._lock:
+                if self._stream is None:
+                    return
+                if lane not in self._streamed_lanes:
+                    self._streamed_lanes.add(lane)
+                    self._write_streamed([self._lane_event(lane)])
+                self._write_streamed([self._event(name, lane, began, ended, args)])
+
+    def _write_streamed(self, events) -> None:
+        self._stream.write("".join(json.dumps(e) + ",\n" for e in events))
+        self._stream.flush()
+
+    def _process_events(self) -> list:
+        rank = self.comm.rank
+        return [{"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
+                 "args": {"name": f"rank {rank} ({socket.gethostname()})",
+                          "start_time_since_epoch_in_micros": self.began_unix_us}},
+                {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
+                 "args": {"sort_index": rank}}]
+
+    def _lane_event(self, lane) -> dict:
+        return {"ph": "M", "name": "thread_name", "pid": self.comm.rank, "tid": lane,
+                "args": {"name": _LANE_NAMES.get(lane) or _named_lanes.get(lane)
+                         or f"bucket {lane - BUCKET_LANE} reduction (MPI)"}}
+
+    def _event(self, name, lane, began, ended, args) -> dict:
+        event = {"name": name, "ph": "X", "pid": self.comm.rank, "tid": lane,
+                 "ts": (began - self.origin) / 1e3}
+        if ended is None:
+            event["ph"], event["s"] = "i", "t"
+        else:
+            event["dur"] = max(ended - began, 0) / 1e3
+        if args:
+            event["args"] = args
+        return event
 
     def _trace_events(self) -> list:
-        rank, origin = self.comm.rank, self.origin
-        lanes = sorted({e[1] for e in self.events})
-        out = [{"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
-                "args": {"name": f"rank {rank} ({socket.gethostname()})"}},
-               {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
-                "args": {"sort_index": rank}}]
-        out += [{"ph": "M", "name": "thread_name", "pid": rank, "tid": lane,
-                 "args": {"name": _LANE_NAMES.get(lane) or _named_lanes.get(lane)
-                         or f"bucket {lane - BUCKET_LANE} reduction (MPI)"}}
-                for lane in lanes]
-        for name, lane, began, ended, args in self.events:
-            event = {"name": name, "ph": "X", "pid": rank, "tid": lane,
-                     "ts": (began - origin) / 1e3, "dur": max(ended - began, 0) / 1e3}
-            if args:
-                event["args"] = args
-            out.append(event)
+        out = self._process_events()
+        out += [self._lane_event(lane) for lane in sorted({e[1] for e in self.events})]
+        out += [self._event(*e) for e in self.events]
         return out
 
     def close(self) -> None:
@@ -154,6 +214,10 @@ class Timeline:
         lifetime.unregister(self)
         if _recorder is self:
             _recorder = None
+        if self._stream is not None:
+            with self._lock:
+                self._stream.close()
+                self._stream = None
         parts = self.comm.gather((self._trace_events(), self.dropped), root=0)
         if self.comm.rank != 0:
             return
@@ -163,7 +227,9 @@ class Timeline:
         with open(temporary, "w") as f:
             json.dump({"traceEvents": events, "displayTimeUnit": "ms",
                        "otherData": {"producer": "hpcddp", "ranks": self.comm.size,
-                                     "events_dropped": dropped}}, f)
+                                     "events_dropped": dropped,
+                                     "start_time_since_epoch_in_micros":
+                                         self.began_unix_us}}, f)
         os.replace(temporary, self.path)
 
 

@@ -8,8 +8,9 @@ reduction time that overlapped backward on the same rank; ``draw`` writes one ba
 rank. Drawing needs matplotlib (``pip install matplotlib``).
 """
 
-import json
 from typing import Dict, List, Tuple
+
+from hpcddp import timeline
 
 __all__ = ["backward_spans", "draw", "load_spans", "overlap", "pyplot", "reduction_spans"]
 
@@ -39,8 +40,7 @@ Lane = Tuple[int, str]  # the trace's thread id and the name its metadata gives 
 def load_spans(path) -> Dict[int, Dict[Lane, List[Span]]]:
     """``{rank: {(lane, lane name): [(start_ms, end_ms, name), ...]}}`` from a trace file;
     the lane names are those the trace itself records."""
-    with open(path) as f:
-        events = json.load(f)["traceEvents"]
+    events = timeline.read_events(path)
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
              if e.get("ph") == "M" and e.get("name") == "thread_name"}
     ranks: Dict[int, Dict[Lane, List[Span]]] = {}

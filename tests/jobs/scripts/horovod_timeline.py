@@ -1,0 +1,60 @@
+"""A Horovod program that reads its own timeline while it runs (rank 0), as Horovod's
+timeline tests do: ``live`` under ``HOROVOD_TIMELINE=<file>``, ``dynamic`` under
+``HOROVOD_TIMELINE=DYNAMIC`` with ``start_timeline``/``stop_timeline`` into the files
+given after it, ``unset`` without ``HOROVOD_TIMELINE``. Each check prints one line."""
+
+import json
+import os
+import sys
+
+import torch
+
+import hpcddp.horovod as hvd
+from hpcddp.timeline import read_events
+
+
+def names(path):
+    events = read_events(path)
+    lanes = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    return {(lanes.get(e["tid"], ""), e["name"]) for e in events if e["ph"] in "Xi"}
+
+
+def allreduce(name):
+    out = hvd.allreduce(torch.tensor([1.0, 2.0, 3.0]), name=name)
+    assert out.tolist() == [1.0, 2.0, 3.0], out
+
+
+def main():
+    torch.set_num_threads(1)
+    mode = sys.argv[1]
+    hvd.init()
+    if mode == "live":
+        allreduce("test_allreduce")
+        hvd.barrier()  # rank 0's events of the allreduce are written before this returns
+        if hvd.rank() == 0:
+            seen = names(os.environ["HOROVOD_TIMELINE"])
+            print("live", json.dumps(sorted(seen)), flush=True)
+        hvd.barrier()
+    elif mode == "dynamic":
+        for path, mark in zip(sys.argv[2:], (True, False)):
+            hvd.start_timeline(path, mark_cycles=mark)
+            allreduce(f"in_{os.path.basename(path)}")
+            hvd.barrier()
+            if hvd.rank() == 0:
+                print("running", path, json.dumps(sorted(names(path))), flush=True)
+            hvd.stop_timeline()
+            if hvd.rank() == 0:  # stopped: the whole trace, valid JSON, every rank
+                with open(path) as f:
+                    whole = json.load(f)["traceEvents"]
+                print("stopped", path, sorted({e["pid"] for e in whole}), flush=True)
+        allreduce("after_stop")
+    elif mode == "unset":
+        try:
+            hvd.start_timeline(sys.argv[2])
+        except ValueError as error:
+            print(f"rank {hvd.rank()} refused: {error}", flush=True)
+    print(f"rank {hvd.rank()} done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
