@@ -199,6 +199,13 @@ def _print_yields(reports, out) -> None:
         print(f"ranks {ranks_text(ranks)}: {why}", file=out)
 
 
+def _horovod_settings() -> List[str]:
+    """What each ``HOROVOD_*`` variable of this job does under hpcddp.horovod."""
+    from hpcddp.horovod.settings import describe
+
+    return describe(os.environ)
+
+
 def main(argv=None) -> int:
     """Run the doctor on every rank; return the exit status."""
     parser = command_parser("doctor", __doc__)
@@ -225,6 +232,11 @@ def main(argv=None) -> int:
         settings = {k: v for k, v in os.environ.items() if k.startswith("HPCDDP_")}
         if settings:
             print("\nsettings: " + " ".join(f"{k}={v}" for k, v in sorted(settings.items())))
+        horovod = _horovod_settings()
+        if horovod:
+            print("\nHorovod settings (hpcddp.horovod):")
+            for line in horovod:
+                print(f"  {line}")
         if bandwidth:
             print(f"\nallreduce (float32, {world.size} ranks): size, time, bus bandwidth")
             for nbytes, seconds, busbw in bandwidth:

@@ -69,6 +69,12 @@ _SETTINGS = {
         "every other rank waits out at the next collective, skips them too; cyclic "
         "garbage among objects made before init() is then never collected. off: never.",
         ("exit", "init", "off")),
+    "HOROVOD_NICE": _Setting(
+        "str", "auto",
+        "The nice value hvd.init() gives hpcddp's MPI thread, which runs Horovod's engine: "
+        "0-19, or auto: 19 where the rank's torch threads take every core it may use (the "
+        "engine's polling and reductions then give way to backward on the same core; "
+        "a core that is idle still runs them at once), else unchanged."),
     "INFLIGHT_MB": _Setting(
         "int", 32,
         "The most megabytes of host memory (tensors on the CPU, pinned staging buffers) "

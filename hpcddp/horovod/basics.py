@@ -88,9 +88,10 @@ def init(comm: Optional[Union[Sequence[int], "object"]] = None,
     """
     from hpcddp import runtime, timeline
     from hpcddp.env import get_setting
-    from hpcddp.horovod import lanes
+    from hpcddp.comm.owner import OWNER
+    from hpcddp.horovod import affinity, lanes
     from hpcddp.horovod.engine import Engine
-    from hpcddp.horovod.settings import unheeded
+    from hpcddp.horovod.settings import log_level, unheeded
     from hpcddp.timeline.profiler import start_timeline
 
     with _state.lock:
@@ -127,7 +128,9 @@ def init(comm: Optional[Union[Sequence[int], "object"]] = None,
         same_local = [node for node, local in node_ranks if local == world.local_rank]
         _state.cross_size = len(same_local)
         _state.cross_rank = sorted(same_local).index(world.node_rank)
+        log_level()
         _state.engine = Engine(world)
+        affinity.place(OWNER.thread, world)
         if world.rank == 0:
             for line in unheeded(os.environ):
                 warnings.warn(f"hvd.init(): {line}", stacklevel=2)

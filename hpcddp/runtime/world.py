@@ -148,6 +148,8 @@ class World(Closable):
         is_main: true on rank 0, the rank that prints and writes.
         launcher: the launcher that started this process, as text.
         num_threads: torch's intra-op thread count on this rank.
+        cores: the cores this rank may use (its affinity mask, shared among the local
+            ranks whose masks overlap it).
         oversubscribed: more ranks share this rank's cores than there are (counting the
             ranks of every node on this machine: emulated nodes share it); hpcddp's waits
             for MPI then pause (sleep) from the first poll instead of spinning first.
@@ -191,6 +193,7 @@ class World(Closable):
         self.launcher = detect_launcher().describe()
         self.device = _bind_device(self.local_comm)
         cores, self.oversubscribed = _cpus_for_rank(self.local_comm, self.comm)
+        self.cores = cores
         forced = get_setting("YIELD")  # None: auto, no wait spins where ranks outnumber cores
         self.yields = self.oversubscribed if forced is None else forced
         backoff.give_way(self.yields)
