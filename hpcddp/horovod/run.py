@@ -3,8 +3,9 @@
     horovodrun -np 4 -H a:2,b:2 python train.py
 
 becomes ``mpiexec -n 4 -hosts a:2,b:2 python train.py`` (MPICH's or Intel MPI's hydra;
-``mpirun --host`` under Open MPI), or ``srun -n 4 python train.py`` inside a Slurm
-allocation when no hosts are given. Horovod's tuning flags become the ``HOROVOD_*``
+``mpirun --host`` under Open MPI), or ``srun -n 4 --kill-on-bad-exit=1 python train.py``
+inside a Slurm allocation when no hosts are given (with ``--mpi=$HPCDDP_SRUN_MPI`` where
+that is set). Horovod's tuning flags become the ``HOROVOD_*``
 settings they stand for; flags for what hpcddp does not do (Gloo, jsrun, elastic
 discovery) are refused with the reason, and those for Horovod's own ssh start-up
 (``-p``, ``-i``, ``--start-timeout``) are accepted and have nothing to do: MPI's launcher
@@ -143,7 +144,12 @@ def launch_command(args, environ: Dict[str, str], launcher: Optional[Tuple[str, 
     hosts = args.hosts or (_hosts_from_file(args.hostfile) if args.hostfile else None)
     extra = shlex.split(args.mpi_args)
     if hosts is None and environ.get("SLURM_JOB_ID"):
-        return ["srun", "-n", str(args.np), *extra, *args.command], settings
+        # As slurm/train.sbatch: one task's failure ends the step; HPCDDP_SRUN_MPI picks
+        # the PMI where the site's MpiDefault is not the one its MPI needs.
+        srun = ["srun", "-n", str(args.np), "--kill-on-bad-exit=1"]
+        if environ.get("HPCDDP_SRUN_MPI"):
+            srun.append(f"--mpi={environ['HPCDDP_SRUN_MPI']}")
+        return srun + extra + list(args.command), settings
     path, kind = launcher or _launcher()
     command = [path, "-n", str(args.np)]
     if kind == "openmpi":

@@ -4,8 +4,8 @@
 rank: forward, backward, each DDP bucket's launch, its reduction in MPI (from the moment
 it is issued to the moment a ``Test`` or ``Wait`` sees it complete), the wait for it and
 the copy back, the optimizer step and the waits for the loader. Clocks are aligned at a
-barrier when recording starts. Rank 0 writes its own events into the file as they happen,
-as a JSON array that is left open (the Trace Event Format lets a reader take an array
+barrier when recording starts. Rank 0 writes its own events into the file as the job
+runs (a thread of its own writes what was recorded every 0.1 s), as a JSON array left open (the Trace Event Format lets a reader take an array
 without its closing bracket, and ``read_events`` does), so the file can be read while
 the job runs. Every rank also keeps its events in memory (up to ``limit``; later ones are
 counted, not kept); when hpcddp shuts down (``hpcddp.shutdown()``, or at exit) they are
@@ -145,13 +145,9 @@ class Timeline:
     def __init__(self, path: str, comm, limit: int = 1_000_000):
         self.path, self.comm, self.limit = os.fspath(path), comm, limit
         self.events, self.dropped, self.closed = [], 0, False
-        self._stream, self._streamed_lanes, self._lock = None, set(), threading.Lock()
         comm.Barrier()
         self.origin, self.began_unix_us = now(), time.time_ns() // 1000
-        if comm.rank == 0:
-            self._stream = open(self.path, "w")
-            self._stream.write("[\n")
-            self._write_streamed(self._process_events())
+        self._writer = _Writer(self) if comm.rank == 0 else None
         lifetime.register(self, keep_alive=True)  # written collectively before MPI ends
 
     def add(self, name, lane, began, ended, args) -> None:
@@ -159,18 +155,6 @@ class Timeline:
             self.events.append((name, lane, began, ended, args))
         else:
             self.dropped += 1
-        if self._stream is not None:
-            with self._lock:
-                if self._stream is None:
-                    return
-                if lane not in self._streamed_lanes:
-                    self._streamed_lanes.add(lane)
-                    self._write_streamed([self._lane_event(lane)])
-                self._write_streamed([self._event(name, lane, began, ended, args)])
-
-    def _write_streamed(self, events) -> None:
-        self._stream.write("".join(json.dumps(e) + ",\n" for e in events))
-        self._stream.flush()
 
     def _process_events(self) -> list:
         rank = self.comm.rank
@@ -214,10 +198,8 @@ class Timeline:
         lifetime.unregister(self)
         if _recorder is self:
             _recorder = None
-        if self._stream is not None:
-            with self._lock:
-                self._stream.close()
-                self._stream = None
+        if self._writer is not None:
+            self._writer.stop()
         parts = self.comm.gather((self._trace_events(), self.dropped), root=0)
         if self.comm.rank != 0:
             return
@@ -231,6 +213,50 @@ class Timeline:
                                      "start_time_since_epoch_in_micros":
                                          self.began_unix_us}}, f)
         os.replace(temporary, self.path)
+
+
+class _Writer:
+    """Rank 0's: writes the events recorded so far into the file every ``_WRITE_S``, on a
+    thread of its own, so a span costs its recorder one append wherever it ends (the MPI
+    thread's among them)."""
+
+    _WRITE_S = 0.1
+
+    def __init__(self, timeline: "Timeline"):
+        self.timeline, self.written, self.lanes = timeline, 0, set()
+        self.file = open(timeline.path, "w")
+        self.file.write("[\n")
+        self._write(timeline._process_events())
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="hpcddp-timeline", daemon=True)
+        self.thread.start()
+
+    def _write(self, events) -> None:
+        self.file.write("".join(json.dumps(e) + ",\n" for e in events))
+        self.file.flush()
+
+    def _drain(self) -> None:
+        timeline = self.timeline
+        fresh = timeline.events[self.written:]  # a copy: other threads append meanwhile
+        self.written += len(fresh)
+        out = []
+        for event in fresh:
+            if event[1] not in self.lanes:
+                self.lanes.add(event[1])
+                out.append(timeline._lane_event(event[1]))
+            out.append(timeline._event(*event))
+        if out:
+            self._write(out)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._WRITE_S):
+            self._drain()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join()
+        self._drain()
+        self.file.close()
 
 
 def start(path: str, comm, limit: int = 1_000_000) -> Timeline:

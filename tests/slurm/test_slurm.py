@@ -110,3 +110,26 @@ def test_lightning_under_srun_on_hpcddp_ends_as_on_gloo(slurm, tmp_path):
     for ours in finals["hpcddp"]:
         for key, value in finals["gloo"][0].items():
             torch.testing.assert_close(ours[key], value, rtol=1e-6, atol=1e-7, msg=key)
+
+
+def test_a_horovod_program_runs_unchanged_under_srun_and_under_horovodrun(slurm, tmp_path):
+    """``import horovod.torch as hvd`` resolving to hpcddp (the alias's path), started by
+    ``srun`` in a batch job and by ``horovodrun`` inside the allocation (which starts the
+    ranks with srun): both train as one process on the global batch."""
+    script = ROOT / "tests/jobs/scripts/horovod_train.py"
+    alias = ROOT / "hpcddp/horovod/alias"
+    runs = {"srun": f"srun --mpi=pmi2 {sys.executable} {script}",
+            "horovodrun": f"{sys.executable} -m hpcddp.horovod.run -np 2 "
+                          f"--fusion-threshold-mb 1 {sys.executable} {script}"}
+    for how, command in runs.items():
+        log = tmp_path / f"{how}.out"
+        job = slurm.sbatch("-N", "1", "-n", "2", "--chdir", ROOT, "--output", log, "--wrap",
+                           command, env={"PYTHONPATH": str(alias), "HPCDDP_SRUN_MPI": "pmi2"})
+        info = slurm.wait(job, timeout=240)
+        text = read_log(log)
+        assert info["JobState"] == "COMPLETED", (how, text[-3000:])
+        for rank in range(2):
+            assert f"rank {rank} of 2: horovod 0.28.1+hpcddp." in text, (how, text[-3000:])
+        assert text.count("agrees with one process on the global batch") == 2, (how, text)
+        if how == "horovodrun":
+            assert text.count("fusion threshold 1048576") == 2, text

@@ -48,8 +48,12 @@ def test_a_hostfile_is_read_as_hosts_and_slots(tmp_path):
 def test_inside_a_slurm_allocation_without_hosts_srun_starts_the_ranks():
     command, settings = _command(["-np", "8", "--no-stall-check", "python", "t.py"],
                                  environ={"SLURM_JOB_ID": "42"})
-    assert command == ["srun", "-n", "8", "python", "t.py"]
+    assert command == ["srun", "-n", "8", "--kill-on-bad-exit=1", "python", "t.py"]
     assert settings == {"HOROVOD_STALL_CHECK_DISABLE": "1"}
+    command, _ = _command(["-np", "2", "python", "t.py"],
+                          environ={"SLURM_JOB_ID": "42", "HPCDDP_SRUN_MPI": "pmix"})
+    assert command == ["srun", "-n", "2", "--kill-on-bad-exit=1", "--mpi=pmix", "python",
+                       "t.py"]
     # Hosts given: the user's choice of nodes, through MPI's launcher.
     command, _ = _command(["-np", "2", "-H", "a:2", "python", "t.py"],
                           environ={"SLURM_JOB_ID": "42"})

@@ -6,6 +6,7 @@ given after it, ``unset`` without ``HOROVOD_TIMELINE``. Each check prints one li
 import json
 import os
 import sys
+import time
 
 import torch
 
@@ -13,10 +14,18 @@ import hpcddp.horovod as hvd
 from hpcddp.timeline import read_events
 
 
-def names(path):
-    events = read_events(path)
-    lanes = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
-    return {(lanes.get(e["tid"], ""), e["name"]) for e in events if e["ph"] in "Xi"}
+def names(path, wanted=()):
+    """(lane, event) pairs in the file; rank 0 writes every 0.1 s, so until ``wanted``
+    are there, read again (10 s at most)."""
+    deadline = time.monotonic() + 10
+    while True:
+        events = read_events(path)
+        lanes = {e["tid"]: e["args"]["name"] for e in events
+                 if e.get("name") == "thread_name"}
+        seen = {(lanes.get(e["tid"], ""), e["name"]) for e in events if e["ph"] in "Xi"}
+        if set(wanted) <= seen or time.monotonic() > deadline:
+            return seen
+        time.sleep(0.02)
 
 
 def allreduce(name):
@@ -30,9 +39,9 @@ def main():
     hvd.init()
     if mode == "live":
         allreduce("test_allreduce")
-        hvd.barrier()  # rank 0's events of the allreduce are written before this returns
         if hvd.rank() == 0:
-            seen = names(os.environ["HOROVOD_TIMELINE"])
+            seen = names(os.environ["HOROVOD_TIMELINE"],
+                         [("allreduce.test_allreduce", "ALLREDUCE")])
             print("live", json.dumps(sorted(seen)), flush=True)
         hvd.barrier()
     elif mode == "dynamic":
@@ -41,7 +50,8 @@ def main():
             allreduce(f"in_{os.path.basename(path)}")
             hvd.barrier()
             if hvd.rank() == 0:
-                print("running", path, json.dumps(sorted(names(path))), flush=True)
+                seen = names(path, [(f"allreduce.in_{os.path.basename(path)}", "ALLREDUCE")])
+                print("running", path, json.dumps(sorted(seen)), flush=True)
             hvd.stop_timeline()
             if hvd.rank() == 0:  # stopped: the whole trace, valid JSON, every rank
                 with open(path) as f:
