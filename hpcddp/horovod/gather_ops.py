@@ -10,7 +10,7 @@ from typing import List, Optional
 import torch
 
 from hpcddp.horovod import basics
-from hpcddp.horovod.common import Average, Sum
+from hpcddp.horovod.common import Adasum, Average, HorovodInternalError, Sum
 from hpcddp.horovod.compression import Compression
 from hpcddp.horovod.mpi_ops import (
     _Group, _reduce_op, _request, _set_id, _set_size, _submit, allreduce, synchronize)
@@ -186,6 +186,9 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     """Start reducing ``tensor`` over the set and keeping this rank's rows of the result
     (the first dimension split as evenly as it goes, earlier ranks one row more)."""
     op = _reduce_op(op, None, "reducescatter_async")
+    if op == Adasum:  # Horovod's: refused as the operation is enqueued
+        raise HorovodInternalError("hvd.reducescatter does not support op=hvd.Adasum; use "
+                                   "hvd.Sum or hvd.Average")
     if tensor.dim() == 0:
         raise ValueError("hvd.reducescatter: a 0-d tensor has no rows to scatter")
     request = _request("reducescatter", tensor, name, process_set, op=op,

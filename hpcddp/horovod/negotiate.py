@@ -2,9 +2,10 @@
 agree, and how ready allreduces fuse. Pure functions of the requests (``engine.py``
 holds the table and sends the responses).
 
-An operation of a process set is ready once every rank of the set has asked for it.
-Its ranks must agree on the kind of operation, the dtype, the device, the op, the
-scaling and the root; on the shape, but for the first dimension where allgather and
+An operation of a process set, named by its kind and name, is ready once every rank of
+the set has asked for it (ranks that start different kinds under one name start two
+operations, each waiting for the other ranks: the stall check says so). Its ranks must
+agree on the dtype, the device, the op, the scaling and the root; on the shape, but for the first dimension where allgather and
 alltoall let it differ. A disagreement becomes an error response, which fails the
 operation on every rank with a message naming the tensor, the values and the ranks.
 
@@ -145,11 +146,11 @@ def _joined_error(kind: str, name: str, absent: Sequence[int]) -> str:
             f"takes part only in allreduces and barriers")
 
 
-def ready_responses(table: Dict[Tuple[int, str], "object"], sets: Dict[int, "object"],
+def ready_responses(table: Dict[Tuple[int, str, str], "object"], sets: Dict[int, "object"],
                     fusion_bytes: int, joined: Optional[Dict[int, List[int]]] = None
                     ) -> List[Response]:
-    """Take every ready operation out of ``table`` (a ``(set, name)`` key to the ranks'
-    requests so far) and return the responses, in the order they became ready.
+    """Take every ready operation out of ``table`` (a ``(set, kind, name)`` key to the
+    ranks' requests so far) and return the responses, in the order they became ready.
 
     ``joined`` holds per set the ranks that have called ``hvd.join``, in the order they
     did: an operation is ready once every other rank has asked for it, and a join, once
@@ -224,6 +225,22 @@ def ready_responses(table: Dict[Tuple[int, str], "object"], sets: Dict[int, "obj
     return responses
 
 
+def _other_kinds(table, set_id, kind, name) -> str:
+    """Where other ranks started another kind of operation of the same name (a program
+    whose ranks disagree on what ``name`` is), said in a stall's message.
+
+    >>> from types import SimpleNamespace as P
+    >>> table = {(0, "allreduce", "x"): P(requests={0: 1}), (0, "allgather", "x"): P(requests={1: 1})}
+    >>> _other_kinds(table, 0, "allreduce", "x")
+    '; an allgather of that name was started on rank 1'
+    """
+    said = [f"{'an' if other[0] in 'aeiou' else 'a'} {other} of that name was started on "
+            f"{_ranks(sorted(pending.requests))}"
+            for (s, other, n), pending in table.items()
+            if s == set_id and n == name and other != kind]
+    return "".join("; " + line for line in said)
+
+
 def stalled(table, sets, stall_s: float, shutdown_s: float, log) -> None:
     """Warn once of each operation some ranks started ``stall_s`` ago and others have
     not; past ``shutdown_s`` (when set) raise, ending the job through hpcddp's abort."""
@@ -232,20 +249,21 @@ def stalled(table, sets, stall_s: float, shutdown_s: float, log) -> None:
     if stall_s <= 0:
         return
     now = time.monotonic()
-    for (set_id, name), pending in table.items():
+    for (set_id, kind, name), pending in table.items():
         waited = now - pending.since
         info = sets.get(set_id)
         if info is None or waited < stall_s:
             continue
         missing = [r for r in info.ranks if r not in pending.requests]
-        first = pending.requests[min(pending.requests)]
+        elsewhere = _other_kinds(table, set_id, kind, name)
         if shutdown_s > 0 and waited >= shutdown_s:
-            raise RuntimeError(f"hvd: {first.kind} {name!r} started {waited:.0f} s ago on "
+            raise RuntimeError(f"hvd: {kind} {name!r} started {waited:.0f} s ago on "
                                f"{_ranks(sorted(pending.requests))} and never on "
-                               f"{_ranks(missing)} (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)")
+                               f"{_ranks(missing)}{elsewhere} "
+                               f"(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)")
         if not pending.warned:
             pending.warned = True
-            log.warning("hvd: %s %r started %.0f s ago on %s and not yet on %s: those ranks "
-                        "may have stopped, or started operations in another order of names "
-                        "that never meets", first.kind, name, waited,
-                        _ranks(sorted(pending.requests)), _ranks(missing))
+            log.warning("hvd: %s %r started %.0f s ago on %s and not yet on %s%s: those "
+                        "ranks may have stopped, or started operations in another order of "
+                        "names that never meets", kind, name, waited,
+                        _ranks(sorted(pending.requests)), _ranks(missing), elsewhere)

@@ -35,6 +35,10 @@ class Request:
         for slot, value in zip(self.__slots__, state):
             setattr(self, slot, value)
 
+    def key(self):
+        """What names this operation across ranks: its process set, kind and name."""
+        return (self.set_id, self.kind, self.name)
+
     def nbytes(self) -> int:
         from math import prod
         return prod(self.shape) * _ITEMSIZE.get(self.dtype, 8)

@@ -138,7 +138,7 @@ def test_a_duplicate_name_in_flight_is_refused_at_once():
     hvd.barrier()
 
 
-@pytest.mark.parametrize("field", ["shape", "dtype", "op", "kind", "root"])
+@pytest.mark.parametrize("field", ["shape", "dtype", "op", "root"])
 def test_a_mismatch_raises_on_every_rank_naming_the_tensor_and_ranks(field):
     last = hvd.rank() == hvd.size() - 1
     name = f"mismatch.{field}"
@@ -150,9 +150,6 @@ def test_a_mismatch_raises_on_every_rank_naming_the_tensor_and_ranks(field):
     elif field == "op":
         start = lambda: hvd.allreduce_async(torch.ones(3), name=name,  # noqa: E731
                                             op=hvd.Max if last else hvd.Sum)
-    elif field == "kind":
-        start = lambda: (hvd.allgather_async(torch.ones(3), name=name) if last  # noqa: E731
-                         else hvd.allreduce_async(torch.ones(3), name=name))
     else:
         start = lambda: hvd.broadcast_async(torch.ones(3), root_rank=int(last),  # noqa: E731
                                             name=name)
@@ -164,6 +161,27 @@ def test_a_mismatch_raises_on_every_rank_naming_the_tensor_and_ranks(field):
     # The engine goes on: the same name works once the ranks agree.
     assert torch.equal(hvd.allreduce(torch.ones(2), name=name, op=hvd.Sum),
                        torch.full((2,), float(hvd.size())))
+
+
+def test_one_name_in_two_kinds_is_two_operations():
+    # As in Horovod, whose tensors are named allreduce.<name>, allgather.<name>: both in
+    # flight at once on a rank, each matched with its own kind on the others, whichever
+    # the ranks start first.
+    t = torch.full((2,), float(hvd.rank()))
+    kinds = [lambda: hvd.allgather_async(t, name="shared"),
+             lambda: hvd.allreduce_async(t, name="shared", op=hvd.Sum)]
+    first, second = kinds if hvd.rank() % 2 else kinds[::-1]
+    a, b = first(), second()
+    gathered, summed = (hvd.synchronize(a), hvd.synchronize(b)) if hvd.rank() % 2 else (
+        hvd.synchronize(b), hvd.synchronize(a))
+    n = hvd.size()
+    assert torch.equal(gathered, torch.arange(n, dtype=t.dtype).repeat_interleave(2))
+    assert torch.equal(summed, torch.full((2,), float(sum(range(n)))))
+    with pytest.raises(ValueError, match="another allgather named 'shared'"):
+        handle = hvd.allgather_async(t, name="shared")
+        hvd.allgather_async(t, name="shared")
+    hvd.synchronize(handle)
+    hvd.barrier()
 
 
 def test_poll_completes_while_the_caller_computes():
@@ -451,9 +469,10 @@ def test_adasum_follows_its_rule_and_refuses_what_it_cannot_combine():
         hvd.allreduce(torch.ones(3, dtype=torch.int32), op=hvd.Adasum)
 
 
-def test_start_and_stop_timeline_write_each_tensors_lane(tmp_path_factory):
+def test_start_and_stop_timeline_write_each_tensors_lane(tmp_path_factory, monkeypatch):
     import json
 
+    monkeypatch.setenv("HOROVOD_TIMELINE", "DYNAMIC")  # as Horovod, which refuses without
     folder = tmp_path_factory.getbasetemp() / "hvd-timeline"  # rank 0 writes, to its own
     first, second = folder / "first.json", folder / "second.json"
     hvd.start_timeline(str(first))
@@ -465,10 +484,10 @@ def test_start_and_stop_timeline_write_each_tensors_lane(tmp_path_factory):
     hvd.stop_timeline()  # nothing left to stop
     if hvd.rank() != 0:
         return
-    for path, lane, kinds in ((first, "hvd timed_allreduce", ["NEGOTIATE_ALLREDUCE",
-                                                              "ALLREDUCE"]),
-                              (second, "hvd timed_broadcast", ["NEGOTIATE_BROADCAST",
-                                                               "BROADCAST"])):
+    for path, lane, kinds in ((first, "allreduce.timed_allreduce", ["NEGOTIATE_ALLREDUCE",
+                                                                    "ALLREDUCE"]),
+                              (second, "broadcast.timed_broadcast", ["NEGOTIATE_BROADCAST",
+                                                                     "BROADCAST"])):
         events = json.loads(path.read_text())["traceEvents"]
         lanes = {(e["pid"], e["tid"]) for e in events
                  if e["ph"] == "M" and e["name"] == "thread_name" and e["args"]["name"] == lane}
@@ -476,3 +495,9 @@ def test_start_and_stop_timeline_write_each_tensors_lane(tmp_path_factory):
         spans = sorted((e for e in events if e["ph"] == "X" and (e["pid"], e["tid"]) in lanes
                         and e["pid"] == 0), key=lambda e: e["ts"])
         assert [e["name"] for e in spans] == kinds, path
+
+
+def test_reducescatter_refuses_adasum_at_once_on_every_rank():
+    with pytest.raises(hvd.HorovodInternalError, match="does not support op=hvd.Adasum"):
+        hvd.reducescatter(torch.ones(2 * hvd.size()), op=hvd.Adasum)
+    hvd.barrier()  # nothing was started: the ranks go on together
