@@ -277,7 +277,8 @@ test-horovod: venv
 	for n in $(HOROVOD_RANKS); do \
 	  $(MPI_TIMEOUT) $(MPIEXEC) -n $$n $(PY) -m pytest -p hpcddp.testing tests/horovod || exit 1; done
 
-# Horovod's own suite, test/parallel/test_torch.py of a Horovod checkout (PyPI's sdist has
+# Horovod's own suite, test/parallel/test_torch.py and test_timeline.py (each its own job,
+# as each sets the timeline up at init) of a Horovod checkout (PyPI's sdist has
 # no tests; CI cannot fetch one), run unchanged on hpcddp.horovod through the alias's path
 # (nothing installed): `make test-horovod-suite HOROVOD_SRC=~/horovod`. About a minute.
 # tests/horovod/peer_suite.py says the one thing it changes. At 2 ranks, as Horovod's CI
@@ -290,11 +291,11 @@ test-horovod-suite: venv
 	  give HOROVOD_SRC=<a checkout of github.com/horovod/horovod>; '$(HOROVOD_SRC)' has no \
 	  test/parallel/test_torch.py" >&2; exit 2; }
 	$(PY) -m pip install -q mock
-	for n in $(HOROVOD_SUITE_RANKS); do \
+	for n in $(HOROVOD_SUITE_RANKS); do for suite in test_torch.py test_timeline.py; do \
 	  (cd "$(HOROVOD_SRC)/test/parallel" && HPCDDP_TIMEOUT=120 \
 	   PYTHONPATH=$(CURDIR)/hpcddp/horovod/alias:$(CURDIR)/tests/horovod \
 	   $(MPI_TIMEOUT) $(abspath $(MPIEXEC)) -n $$n $(abspath $(PY)) -m pytest -q -rfE \
-	     -p peer_suite -p no:cacheprovider test_torch.py) || exit 1; done
+	     -p peer_suite -p no:cacheprovider $$suite) || exit 1; done; done
 
 # The slow target: h5py built against Debian's parallel HDF5 and MPICH, in its own venv
 # (never mixed with the mpich wheel), for the loader's 'mpio' backend. About 4 minutes

@@ -5,9 +5,9 @@ rank: forward, backward, each DDP bucket's launch, its reduction in MPI (from th
 it is issued to the moment a ``Test`` or ``Wait`` sees it complete), the wait for it and
 the copy back, the optimizer step and the waits for the loader. Clocks are aligned at a
 barrier when recording starts. Rank 0 writes its own events into the file as the job
-runs (a thread of its own writes what was recorded every 0.1 s), as a JSON array left open (the Trace Event Format lets a reader take an array
-without its closing bracket, and ``read_events`` does), so the file can be read while
-the job runs. Every rank also keeps its events in memory (up to ``limit``; later ones are
+runs (a thread of its own writes what was recorded every 20 ms), as a JSON array left
+open (the Trace Event Format lets a reader take an array without its closing bracket,
+and ``read_events`` does), so the file can be read while the job runs. Every rank also keeps its events in memory (up to ``limit``; later ones are
 counted, not kept); when hpcddp shuts down (``hpcddp.shutdown()``, or at exit) they are
 gathered to rank 0, which replaces the file by the whole trace of every rank at once.
 
@@ -220,7 +220,7 @@ class _Writer:
     thread of its own, so a span costs its recorder one append wherever it ends (the MPI
     thread's among them)."""
 
-    _WRITE_S = 0.1
+    _WRITE_S = 0.02
 
     def __init__(self, timeline: "Timeline"):
         self.timeline, self.written, self.lanes = timeline, 0, set()

@@ -15,7 +15,7 @@ from hpcddp.timeline import read_events
 
 
 def names(path, wanted=()):
-    """(lane, event) pairs in the file; rank 0 writes every 0.1 s, so until ``wanted``
+    """(lane, event) pairs in the file; rank 0 writes every 20 ms, so until ``wanted``
     are there, read again (10 s at most)."""
     deadline = time.monotonic() + 10
     while True:
