@@ -1,0 +1,66 @@
+"""A DDP program in ``hpcddp.elastic``'s shape: state committed every 3 steps, a
+checkpoint every 2 commits, resumed by ``run`` from the newest one.
+
+    python elastic_train.py CKPT OUT TOTAL [KILL_AT]
+
+Trains to step TOTAL on the global batch of each step (made from the step's number, so a
+resumed run sees the same data), each rank its slice. With KILL_AT, rank 1 kills itself
+with SIGKILL during that step's backward, while rank 0 reduces. Rank 0 writes the final
+parameters to OUT.
+"""
+
+import json
+import os
+import signal
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import hpcddp
+from hpcddp import elastic
+
+ckpt, out, total = sys.argv[1], sys.argv[2], int(sys.argv[3])
+kill_at = int(sys.argv[4]) if len(sys.argv) > 4 else None
+GLOBAL = 12  # the global batch: rows of each step's data
+
+
+def batch(step):
+    g = torch.Generator().manual_seed(1000 + step)
+    return torch.randn(GLOBAL, 5, generator=g), torch.randn(GLOBAL, 3, generator=g)
+
+
+world = hpcddp.init()
+torch.manual_seed(0)
+model = hpcddp.DistributedDataParallel(
+    nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 3)), bucket_cap_mb=0.0005)
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+state = elastic.State(model, optimizer, step=0, checkpoint=ckpt, checkpoint_every=2)
+
+
+@elastic.run
+def train(state):
+    if state.resumed is not None:
+        print(f"rank {world.rank} resumed at step {state.step}", flush=True)
+    share = GLOBAL // world.size
+    while state.step < total:
+        x, y = batch(state.step)
+        mine = slice(world.rank * share, (world.rank + 1) * share)
+        loss = F.mse_loss(model(x[mine]), y[mine])
+        if state.step == kill_at and world.rank == 1:
+            model.module[0].weight.register_hook(
+                lambda grad: os.kill(os.getpid(), signal.SIGKILL))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        state.step += 1
+        if state.step % 3 == 0:
+            state.commit()
+
+
+train(state)
+if world.is_main:
+    with open(out, "w") as f:
+        json.dump([p.detach().tolist() for p in model.parameters()], f)
+print(f"rank {world.rank} finished at step {state.step}", flush=True)
