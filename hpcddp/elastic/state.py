@@ -24,7 +24,7 @@ from hpcddp.checkpoint.rng import capture_rng, restore_rng
 from hpcddp.comm import activity
 from hpcddp.runtime import get_world
 
-__all__ = ["State", "run"]
+__all__ = ["State", "copy_into", "fresh_copy", "run"]
 
 _KEPT_BY_STATE_DICT = ("model", "optimizer", "scheduler", "loader")
 
@@ -68,7 +68,7 @@ def _with_metadata(current, old):
     return out
 
 
-def _clone(saved):
+def fresh_copy(saved):
     """A copy of a commit to hand to ``load_state_dict`` (which may keep the tensors it is
     given, as an optimizer does: the commit must stay apart from the live state)."""
     return copy_into(None, saved)
@@ -141,7 +141,7 @@ class State:
             raise RuntimeError("hpcddp.elastic: restore() before any commit(); commit "
                                "first (run() commits before it calls the function)")
         for name in self._objects:
-            getattr(self, name).load_state_dict(_clone(self._saved[name]))
+            getattr(self, name).load_state_dict(fresh_copy(self._saved[name]))
         for name, value in self._saved["values"].items():
             object.__setattr__(self, name, copy.deepcopy(value))
         restore_rng(self._saved["rng"])

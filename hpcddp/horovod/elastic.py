@@ -31,6 +31,7 @@ from typing import Callable, Dict, List
 
 import torch
 
+from hpcddp.elastic.state import copy_into, fresh_copy
 from hpcddp.horovod import basics
 from hpcddp.horovod.common import HorovodInternalError, HostsUpdatedInterrupt
 from hpcddp.horovod.functions import (broadcast_object, broadcast_optimizer_state,
@@ -121,17 +122,18 @@ class ObjectState(State):
 
 
 class _Kept:
-    """How ``TorchState`` saves, restores and syncs one kind of object."""
+    """How ``TorchState`` saves, restores and syncs one kind of object: its state dict
+    copied into the buffers of the save before (``hpcddp.elastic``'s commit)."""
 
     def __init__(self, value):
-        self.value = value
+        self.value, self.saved = value, None
         self.save()
 
     def save(self):
-        self.saved = copy.deepcopy(self.value.state_dict())
+        self.saved = copy_into(self.saved, self.value.state_dict())
 
     def restore(self):
-        self.value.load_state_dict(copy.deepcopy(self.saved))
+        self.value.load_state_dict(fresh_copy(self.saved))
 
 
 class _Model(_Kept):
