@@ -71,10 +71,10 @@ TIMED_JOBS := tests/jobs/test_hangs.py tests/jobs/test_jobs.py \
               tests/jobs/test_child_processes.py tests/jobs/test_init_process_group.py
 # Of the others, the slowest go to `make test-more`: Hugging Face's Trainer, Lightning,
 # the examples (`make demo` runs the digits one), the Horovod alias in a fresh
-# environment, and preemption (also run at
+# environment, an elastic job killed and resumed, and preemption (also run at
 # `serialized` and under each MPI flavour).
 MORE_JOBS := tests/jobs/test_preemption.py tests/jobs/test_hf_trainer.py tests/jobs/test_horovod_alias.py \
-             tests/jobs/test_lightning.py tests/jobs/test_examples.py
+             tests/jobs/test_lightning.py tests/jobs/test_examples.py tests/jobs/test_elastic_resume.py
 test-unit: venv system-packages
 	$(PYTEST) -n 2 --dist loadfile tests/unit tests/jobs $(addprefix --ignore=,$(TIMED_JOBS) $(MORE_JOBS))
 

@@ -6,8 +6,6 @@ and ``HOROVOD_TIMELINE_MARK_CYCLES`` as in Horovod's own timeline tests."""
 
 import json
 
-import pytest
-
 from jobs_util import ROOT, launch
 
 SCRIPT = ROOT / "tests/jobs/scripts/horovod_train.py"
@@ -47,8 +45,7 @@ def _lines(job, word):
             for line in job.stdout.splitlines() if line.startswith(word + " ")]
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_the_file_is_read_while_the_job_runs_with_its_cycles_marked(tmp_path, n):
+def test_the_file_is_read_while_the_job_runs_with_its_cycles_marked(tmp_path, n=2):
     trace = tmp_path / "live.json"
     job = launch([LIVE, "live"], n=n, timeout=120,
                  env={"HOROVOD_TIMELINE": str(trace), "HOROVOD_TIMELINE_MARK_CYCLES": "1"})

@@ -112,14 +112,13 @@ def test_lightning_under_srun_on_hpcddp_ends_as_on_gloo(slurm, tmp_path):
             torch.testing.assert_close(ours[key], value, rtol=1e-6, atol=1e-7, msg=key)
 
 
-def test_a_horovod_program_runs_unchanged_under_srun_and_under_horovodrun(slurm, tmp_path):
+def test_a_horovod_program_runs_unchanged_under_horovodrun_in_a_batch_job(slurm, tmp_path):
     """``import horovod.torch as hvd`` resolving to hpcddp (the alias's path), started by
-    ``srun`` in a batch job and by ``horovodrun`` inside the allocation (which starts the
-    ranks with srun): both train as one process on the global batch."""
+    ``horovodrun`` inside the allocation, which starts the ranks with srun (as a batch
+    script's own ``srun`` would): it trains as one process on the global batch."""
     script = ROOT / "tests/jobs/scripts/horovod_train.py"
     alias = ROOT / "hpcddp/horovod/alias"
-    runs = {"srun": f"srun --mpi=pmi2 {sys.executable} {script}",
-            "horovodrun": f"{sys.executable} -m hpcddp.horovod.run -np 2 "
+    runs = {"horovodrun": f"{sys.executable} -m hpcddp.horovod.run -np 2 --verbose "
                           f"--fusion-threshold-mb 1 {sys.executable} {script}"}
     for how, command in runs.items():
         log = tmp_path / f"{how}.out"
@@ -131,5 +130,5 @@ def test_a_horovod_program_runs_unchanged_under_srun_and_under_horovodrun(slurm,
         for rank in range(2):
             assert f"rank {rank} of 2: horovod 0.28.1+hpcddp." in text, (how, text[-3000:])
         assert text.count("agrees with one process on the global batch") == 2, (how, text)
-        if how == "horovodrun":
-            assert text.count("fusion threshold 1048576") == 2, text
+        assert text.count("fusion threshold 1048576") == 2, text
+        assert "horovodrun: HOROVOD_FUSION_THRESHOLD=1048576 srun -n 2 " in text, text
