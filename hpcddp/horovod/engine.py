@@ -21,11 +21,12 @@ background thread is the one that enters MPI:
    every ``_WAKE_S`` (for sets without rank 0, and for the stall check), and warns of
    names some ranks started and others have not after
    ``HOROVOD_STALL_CHECK_TIME_SECONDS``.
-3. The coordinator keeps, per (process set, name), each rank's request. Once every rank
-   of the set has one, it checks they agree and appends a response: a fused allreduce of
-   consecutive ready allreduces that agree in dtype, device, op and scaling, up to
-   ``HOROVOD_FUSION_THRESHOLD`` bytes (a group, ``grouped_*``, is released whole), any
-   other operation alone, or an error. Responses go to the set's ranks in one order.
+3. The coordinator keeps, per (process set, kind, name), each rank's request
+   (``coordinator.Table``). Once every rank of the set has one, it checks they agree and
+   appends a response: a fused allreduce of consecutive ready allreduces that agree in
+   dtype, device, op and scaling, up to ``HOROVOD_FUSION_THRESHOLD`` bytes (a group,
+   ``grouped_*``, is released whole), any other operation alone, or an error. Responses
+   go to the set's ranks in one order.
 4. Every rank starts the responses for its sets in that order (``execute.py``), on a
    communicator per set, so MPI sees the same collectives in the same order everywhere;
    later steps test them and complete each handle as its operation ends. A handle
@@ -35,7 +36,6 @@ background thread is the one that enters MPI:
 import itertools
 import logging
 from collections import deque
-import os
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -46,7 +46,8 @@ from hpcddp import timeline
 from hpcddp.comm import activity, serial
 from hpcddp.horovod import lanes
 from hpcddp.horovod.lanes import TensorLanes
-from hpcddp.horovod.requests import Entry, Pending, ProcessSetInfo, Request, zeros_entry
+from hpcddp.horovod.coordinator import Table, take_messages
+from hpcddp.horovod.requests import Entry, ProcessSetInfo, Request, zeros_entry
 from hpcddp.horovod.settings import number
 
 __all__ = ["Engine"]
@@ -55,7 +56,6 @@ log = logging.getLogger("hpcddp.horovod")
 
 _REQUEST_TAG, _RESPONSE_TAG = 1, 2
 _WAKE_S = 0.05  # how often an idle coordinator looks for requests
-_STALL_CHECK_S = 0.25  # how often the coordinator looks for stalled names
 
 
 class Engine:
@@ -67,9 +67,6 @@ class Engine:
         self.world = world
         self.rank, self.size = world.rank, world.size
         self.fusion_bytes = int(number("HOROVOD_FUSION_THRESHOLD", 128 * 1024 * 1024))
-        self.stall_s = 0.0 if os.environ.get("HOROVOD_STALL_CHECK_DISABLE", "0") not in (
-            "", "0") else number("HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0)
-        self.stall_shutdown_s = number("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0.0)
         self._negotiation = world.comm.Dup()   # requests and responses only, never data
         self._sets: Dict[int, ProcessSetInfo] = {}
         self._next_set = 0
@@ -87,14 +84,11 @@ class Engine:
         self._sends: List[MPI.Request] = []
         self._todo: deque = deque()             # responses not yet started, in order
         self._running: list = []                # (response, entries, Running, began)
-        self._table: Dict[Tuple[int, str], Pending] = {}
-        self._joined: Dict[int, List[int]] = {}  # the coordinator's: per set, in join order
-        self._arrivals = itertools.count()
+        self._table = Table(self._sets, self.fusion_bytes)  # used on the coordinator
         self._lanes = TensorLanes()
         self._closing = False
         self._posted = False    # _step is posted on the MPI thread
         self._stopped = False   # closed or failed: _step does nothing more
-        self._next_stall_check = 0.0
         self._failure: Optional[BaseException] = None
         self.add_set(list(range(self.size)))    # the global set, id 0
         self._ticker: Optional[threading.Thread] = None
@@ -250,16 +244,16 @@ class Engine:
             self._sends = [r for r in self._sends if not MPI.Request.Test(r)]
         requests = [e.request for e in fresh]
         if coordinator:
-            arrived = requests + _take(comm, _REQUEST_TAG)
+            arrived = requests + take_messages(comm, _REQUEST_TAG)
             if arrived:
                 lanes.cycle()
-            if arrived or (self._table and time.monotonic() >= self._next_stall_check):
+            if arrived or self._table.stall_check_due():
                 self._todo.extend(self._coordinate(arrived))
                 moved = True
         else:
             if requests:
                 self._sends.append(MPI.Comm.isend(comm, requests, dest=0, tag=_REQUEST_TAG))
-            responses = _take(comm, _RESPONSE_TAG)
+            responses = take_messages(comm, _RESPONSE_TAG)
             if responses:
                 self._todo.extend(responses)
                 moved = True
@@ -289,21 +283,7 @@ class Engine:
     # -- the coordinator -----------------------------------------------------------------
 
     def _coordinate(self, requests: List[Request]) -> list:
-        from hpcddp.horovod.negotiate import ready_responses, stalled
-
-        for request in requests:
-            key = request.key()
-            pending = self._table.get(key)
-            if pending is None:
-                pending = self._table[key] = Pending(next(self._arrivals))
-            pending.requests[request.rank] = request
-            if request.kind == "join":
-                self._joined.setdefault(request.set_id, []).append(request.rank)
-        responses = ready_responses(self._table, self._sets, self.fusion_bytes,
-                                    self._joined) if requests else []
-        if self._table and time.monotonic() >= self._next_stall_check:
-            self._next_stall_check = time.monotonic() + _STALL_CHECK_S
-            stalled(self._table, self._sets, self.stall_s, self.stall_shutdown_s, log)
+        responses = self._table.take(requests)
         # Who takes each response is read before any is sent: once a set without rank 0
         # has its last response, its ranks may finish and remove it (remove_set).
         per_rank: Dict[int, list] = {}
@@ -413,16 +393,6 @@ class Engine:
         self._sets.clear()
         serial.call(lambda: [MPI.Request.Wait(r) for r in self._sends])
         self._negotiation.Free()
-
-
-def _take(comm, tag: int) -> list:
-    """Every message of ``tag`` that has arrived on ``comm`` (lists, concatenated)."""
-    got = []
-    while True:
-        message = MPI.Comm.improbe(comm, MPI.ANY_SOURCE, tag)
-        if message is None:
-            return got
-        got.extend(message.recv())
 
 
 def _end_job(error: BaseException) -> None:
