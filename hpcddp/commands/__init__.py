@@ -15,6 +15,8 @@ __all__ = ["main"]
 _COMMANDS = {
     "doctor": ("hpcddp.commands.doctor",
                "check the MPI/torch set-up on every rank and measure MPI"),
+    "horovodrun": ("hpcddp.commands.horovodrun", "Horovod's launcher command line, run by "
+                   "MPI's launcher or srun (also `horovodrun` after install-alias)"),
     "lost": ("hpcddp.commands.lost",
              "after a failed job: the node it lost, from the launcher's log and hpcddp's reports"),
     "pack": ("hpcddp.commands.pack", "write .npy/.npz arrays into an HDF5 file for ShardedLoader"),

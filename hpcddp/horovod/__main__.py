@@ -52,7 +52,7 @@ def install() -> int:
     (_site() / PTH).write_text(f"{ALIAS}\n")
     script = _script()
     script.write_text(f"#!{sys.executable}\n{_MARK}\nimport sys\n"
-                      f"from hpcddp.horovod.run import main\nsys.exit(main())\n")
+                      f"from hpcddp.commands.horovodrun import main\nsys.exit(main())\n")
     script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     print(f"hpcddp.horovod: `import horovod.torch as hvd` and `horovodrun` now use hpcddp in "
           f"{sys.prefix} ({_site() / PTH}, {script}); `python -m hpcddp.horovod "

@@ -118,7 +118,7 @@ def test_a_horovod_program_runs_unchanged_under_horovodrun_in_a_batch_job(slurm,
     script's own ``srun`` would): it trains as one process on the global batch."""
     script = ROOT / "tests/jobs/scripts/horovod_train.py"
     alias = ROOT / "hpcddp/horovod/alias"
-    runs = {"horovodrun": f"{sys.executable} -m hpcddp.horovod.run -np 2 --verbose "
+    runs = {"horovodrun": f"{sys.executable} -m hpcddp.commands.horovodrun -np 2 --verbose "
                           f"--fusion-threshold-mb 1 {sys.executable} {script}"}
     for how, command in runs.items():
         log = tmp_path / f"{how}.out"

@@ -18,7 +18,7 @@ def test_no_command_or_an_unknown_one_is_a_usage_error(args, message):
     done = hpcddp(*args)
     assert done.returncode == 2
     assert message in done.stderr
-    assert "choose one of doctor, lost, pack, predict, timeline" in done.stderr
+    assert "choose one of doctor, horovodrun, lost, pack, predict, timeline" in done.stderr
     assert done.stderr.startswith("usage: hpcddp") and done.stdout == ""
 
 

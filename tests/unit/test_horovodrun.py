@@ -6,7 +6,7 @@ Slurm allocation. A real ``horovodrun -np 2`` job runs in tests/jobs/test_horovo
 
 import pytest
 
-from hpcddp.horovod.run import _parser, launch_command
+from hpcddp.commands.horovodrun import _parser, launch_command
 
 HYDRA = ("/opt/mpich/bin/mpiexec", "hydra")
 OPENMPI = ("/opt/ompi/bin/mpirun", "openmpi")
@@ -84,3 +84,15 @@ def test_no_command_or_no_np_is_an_error():
         _command(["-np", "2"])
     with pytest.raises(SystemExit):
         _parser().parse_args(["python", "t.py"])  # -np is required, as in Horovod
+
+
+def test_horovodrun_starts_no_mpi_of_its_own():
+    # It execs the launcher: MPI started here would never be finalized, leaving its
+    # shared-memory segment in /dev/shm at every run.
+    import subprocess
+    import sys
+
+    seen = subprocess.run([sys.executable, "-c", "import sys, hpcddp.commands.horovodrun; "
+                           "print(sorted(m for m in sys.modules if m.startswith('mpi4py')))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert seen == "[]", seen

@@ -1,2 +1,2 @@
 """``horovod.runner``, served by hpcddp: the launcher is ``horovodrun``
-(``hpcddp.horovod.run``)."""
+(``hpcddp.commands.horovodrun``)."""

@@ -1,5 +1,9 @@
 """``horovodrun`` on hpcddp: Horovod's launcher command line, run by the MPI launcher.
 
+It imports no MPI: a launcher process that started MPI (a singleton) and then made
+itself the launcher (``exec``) would leave MPI's shared-memory segment behind in
+``/dev/shm`` at every run.
+
     horovodrun -np 4 -H a:2,b:2 python train.py
 
 becomes ``mpiexec -n 4 -hosts a:2,b:2 python train.py`` (MPICH's or Intel MPI's hydra;
@@ -47,8 +51,8 @@ _REFUSED = {
                              "yet; give -np and -H, or run inside a Slurm allocation",
     "min_np": "elastic Horovod (--min-np) is not available in hpcddp yet; give -np",
     "max_np": "elastic Horovod (--max-np) is not available in hpcddp yet; give -np",
-    "mpi_threads_disable": "hpcddp.horovod runs its engine on a thread and needs "
-                           "MPI_THREAD_SERIALIZED or above; drop --mpi-threads-disable",
+    "mpi_threads_disable": "hpcddp.horovod runs its engine on hpcddp's MPI thread and "
+                           "needs MPI_THREAD_SERIALIZED or above; drop --mpi-threads-disable",
     "output_filename": "the launcher's output stays on stdout and stderr; redirect it, or "
                        "use srun --output under Slurm",
 }
