@@ -52,20 +52,15 @@ def copy_into(saved, current):
         return current.detach().clone()
     if isinstance(current, dict):
         old = saved if isinstance(saved, dict) else {}
-        return type(current)((k, copy_into(old.get(k), v)) for k, v in current.items()) \
-            if not hasattr(current, "_metadata") else _with_metadata(current, old)
+        out = type(current)((k, copy_into(old.get(k), v)) for k, v in current.items())
+        if hasattr(current, "_metadata"):  # a module's state dict carries its versions
+            out._metadata = copy.deepcopy(current._metadata)
+        return out
     if isinstance(current, (list, tuple)):
         old = saved if isinstance(saved, type(current)) and len(saved) == len(current) \
             else [None] * len(current)
         return type(current)(copy_into(s, v) for s, v in zip(old, current))
     return copy.deepcopy(current)
-
-
-def _with_metadata(current, old):
-    """A module's state dict (an OrderedDict with ``_metadata``), copied with it."""
-    out = type(current)((k, copy_into(old.get(k), v)) for k, v in current.items())
-    out._metadata = copy.deepcopy(current._metadata)
-    return out
 
 
 def fresh_copy(saved):
@@ -105,11 +100,11 @@ class State:
                 raise TypeError(f"hpcddp.elastic.State({name}=...): a "
                                 f"{type(value).__name__} has no state_dict() and "
                                 f"load_state_dict(); give such an object or leave it out")
-        object.__setattr__(self, "_objects", list(objects))
-        object.__setattr__(self, "_values", [k for k in values if k not in objects])
+        self._objects = list(objects)
+        self._values = [k for k in values if k not in objects]
         for name, value in given.items():
             if name in objects or name in self._values:
-                object.__setattr__(self, name, value)
+                setattr(self, name, value)
         self.checkpoint, self.checkpoint_every = checkpoint, checkpoint_every
         self.commits = 0
         self.resumed: Optional[checkpoint.Resumed] = None
@@ -143,7 +138,7 @@ class State:
         for name in self._objects:
             getattr(self, name).load_state_dict(fresh_copy(self._saved[name]))
         for name, value in self._saved["values"].items():
-            object.__setattr__(self, name, copy.deepcopy(value))
+            setattr(self, name, copy.deepcopy(value))
         restore_rng(self._saved["rng"])
 
     def sync(self, root: int = 0) -> None:
@@ -192,7 +187,7 @@ class State:
             extra = resumed.extra or {}
             for name, value in extra.get("values", {}).items():
                 if name in self._values:
-                    object.__setattr__(self, name, value)
+                    setattr(self, name, value)
             for name, saved in extra.get("objects", {}).items():
                 if name in self._objects:
                     getattr(self, name).load_state_dict(saved)
