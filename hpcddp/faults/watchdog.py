@@ -24,7 +24,7 @@ import atexit
 import sys
 import threading
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from mpi4py import MPI
 
@@ -196,10 +196,8 @@ class Watchdog(Closable):
     def _check(self) -> None:
         now = time.monotonic()
         for wait in activity.current_waits():
-            gone = self._gone_before(wait)
-            if gone:
-                self._fail(wait, f"{ranks_said(gone)} left the job before reaching it, so it "
-                                 f"can never complete", {"reason": "departed", "departed": gone})
+            if self._gone_before(wait):
+                self._fail(wait, None, {"reason": "departed"})
             elif self.timeout and now - wait.since >= self.timeout:
                 self._fail(wait, f"no progress for {now - wait.since:.0f} s "
                                  f"(HPCDDP_TIMEOUT={self.timeout:g})",
@@ -227,11 +225,14 @@ class Watchdog(Closable):
         self._replies = {}
         self._asked_at = time.monotonic()
         self._send_to_others(_QUERY, None)
-        deadline = time.monotonic() + _ANSWER_SECONDS
-        while len(self._replies) < self.size - 1 and time.monotonic() < deadline:
+        self._serve_until(lambda: len(self._replies) >= self.size - 1, _ANSWER_SECONDS)
+        return dict(self._replies)
+
+    def _serve_until(self, done, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not done() and time.monotonic() < deadline:
             self._serve()
             time.sleep(0.01)
-        return dict(self._replies)
 
     def _missing(self, wait, replies) -> List[int]:
         """Ranks that have not reached ``wait`` (or, leaving, have not left)."""
@@ -336,8 +337,16 @@ class Watchdog(Closable):
                          f"Still waiting; {limit}.\n")
         sys.stderr.flush()
 
-    def _fail(self, wait, reason: str, facts: dict, defer: bool = False) -> None:
+    def _fail(self, wait, reason: Optional[str], facts: dict, defer: bool = False) -> None:
         replies = self._ask_everyone()
+        if facts["reason"] == "departed":
+            # Named after the answers, so every rank that has left by now is known, not
+            # only the first. A rank that answers "leaving" has its note on the way.
+            self._serve_until(lambda: all(r in self.departed for r, reply in replies.items()
+                                          if reply["leaving"]), _ANSWER_SECONDS)
+            gone = self._gone_before(wait)
+            reason = f"{ranks_said(gone)} left the job before reaching it, so it can never complete"
+            facts = dict(facts, departed=gone)
         if defer:
             seconds = _DEFER_SECONDS if self._cut_off_from_rank_zero(replies) \
                 else self._lower_rank_timing_out(replies)
