@@ -119,6 +119,7 @@ FLAVOUR_MPIEXEC_impi    = $(CURDIR)/.venv-impi/bin/mpiexec
 # init_process_group's forms and torchrun's variables, whose values come from MPI's
 # communicators whatever the launcher, run under MPICH (`make test`), for CI's time.
 FLAVOUR_JOB_TESTS := tests/jobs/test_jobs.py tests/jobs/test_hangs.py tests/jobs/test_preemption.py \
+                     tests/jobs/test_elastic_ulfm.py \
                      tests/jobs/test_child_processes.py tests/jobs/test_one_thread_in_mpi.py
 # Those that time no failing job run two at a time, as in `make test`.
 FLAVOUR_UNTIMED_JOBS := tests/jobs/test_preemption.py tests/jobs/test_one_thread_in_mpi.py

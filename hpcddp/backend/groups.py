@@ -9,7 +9,8 @@ from hpcddp.backend.process_group import BACKEND, MPIProcessGroup
 from hpcddp.backend.shared_store import forget_shared_store, shared_store
 from hpcddp.torch_compat import backend_of
 
-__all__ = ["comm_of", "destroy_default_group", "group_for", "init_default_group"]
+__all__ = ["comm_of", "destroy_default_group", "dist_is_hpcddp", "group_for",
+           "init_default_group"]
 
 
 def comm_of(group):
@@ -62,8 +63,13 @@ def init_default_group(world) -> bool:
     return True
 
 
+def dist_is_hpcddp() -> bool:
+    """Whether torch.distributed's default group is hpcddp's."""
+    return dist.is_initialized() and dist.get_backend() == BACKEND
+
+
 def destroy_default_group() -> None:
     """Destroy torch.distributed's default group if it is hpcddp's."""
-    if dist.is_initialized() and dist.get_backend() == BACKEND:
+    if dist_is_hpcddp():
         dist.destroy_process_group()
         forget_shared_store()

@@ -149,6 +149,10 @@ class StoreBroker(Closable):
             return self._server
         return dist.TCPStore(where[0], where[1], self.size, False, timeout=self.timeout)
 
+    def _abandon(self) -> None:
+        self._stop.set()
+        self._server = None
+
     def _release(self) -> None:
         self._stop.set()
         if self._thread is not None:

@@ -17,8 +17,8 @@ from mpi4py import MPI
 
 from hpcddp.comm.owner import OWNER
 
-__all__ = ["Closable", "before_finalize", "close_all", "free_comm", "open_count", "register",
-           "unregister"]
+__all__ = ["Closable", "abandon_all", "before_finalize", "close_all", "free_comm", "open_count",
+           "open_owners", "register", "unregister"]
 
 _open: Dict[int, object] = {}  # insertion order is opening order, the same on every rank
 _lock = threading.Lock()
@@ -57,6 +57,13 @@ def open_count() -> int:
         return sum(1 for o in _open.values() if not isinstance(o, weakref.ref) or o() is not None)
 
 
+def open_owners() -> list:
+    """The registered owners still open (and alive), oldest first."""
+    with _lock:
+        found = [o() if isinstance(o, weakref.ref) else o for o in _open.values()]
+    return [o for o in found if o is not None]
+
+
 def close_all() -> None:
     """Close every registered owner, newest first.
 
@@ -81,6 +88,26 @@ def close_all() -> None:
             first = first or error
     if first is not None:
         raise first
+
+
+def abandon_all() -> None:
+    """Let go of every registered owner without a collective or a wait on another rank:
+    helper threads stopped, communicators left unfreed (they are revoked). For a
+    recovery after a rank died (``hpcddp.elastic``), where a collective would wait for
+    it; an owner without ``abandon()`` is only forgotten.
+    """
+    while True:
+        with _lock:
+            if not _open:
+                break
+            owner = _open.popitem()[1]
+        owner = owner() if isinstance(owner, weakref.ref) else owner
+        abandon = getattr(owner, "abandon", None)
+        if abandon is not None:
+            try:
+                abandon()
+            except Exception:  # noqa: BLE001 - letting go goes on; nothing is freed
+                pass
 
 
 def before_finalize() -> None:
@@ -117,6 +144,17 @@ class Closable:
 
     def _release(self) -> None:
         raise NotImplementedError
+
+    def _abandon(self) -> None:
+        """``abandon``'s part: stop what runs, free nothing collectively."""
+
+    def abandon(self) -> None:
+        """Closed without MPI's collectives (``abandon_all``). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        unregister(self)
+        self._abandon()
 
     def _check_open(self) -> None:
         if self._closed:

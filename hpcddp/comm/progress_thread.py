@@ -72,6 +72,9 @@ class Progress:
                     self._cond.wait(pause)
             pause = self._MIN_PAUSE if finished else min(pause * 2, self._MAX_PAUSE)
 
+    def abandon(self) -> None:
+        self.close()
+
     def close(self) -> None:
         """Stop the thread (pending handles stay pending). Runs before MPI is finalized."""
         lifetime.unregister(self)

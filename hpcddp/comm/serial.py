@@ -45,10 +45,9 @@ from hpcddp.comm import activity
 from hpcddp.comm.backoff import mpi_polls
 from hpcddp.comm.owner import OWNER, OwnerBusy
 
-__all__ = ["LOCK", "OwnerBusy", "SerialComm", "SerialRequest", "call",
-           "keep_moving", "moved", "poll", "post", "serialize", "stop_moving", "until",
-           "wait", "wait_all",
-           "wake"]
+__all__ = ["LOCK", "OwnerBusy", "SerialComm", "SerialRequest", "call", "keep_moving",
+           "live_comms", "moved", "poll", "post", "serialize", "stop_moving", "until",
+           "wait", "wait_all", "wake"]
 
 LOCK = threading.RLock()
 
@@ -361,6 +360,7 @@ class SerialComm(_Pickled, MPI.Intracomm):
         if fixed is None:
             fixed = call(MPI.Intracomm.Get_rank, self), call(MPI.Intracomm.Get_size, self)
             self.__dict__["_rank_size"] = fixed
+            _LIVE[id(self)] = self
         return fixed
 
     rank = property(lambda self: self._fixed()[0], doc="This process's rank.")
@@ -376,6 +376,15 @@ class SerialComm(_Pickled, MPI.Intracomm):
         """Free the communicator; its channel's counts stay in reports (``forget``)."""
         activity.forget(self)
         call(MPI.Comm.Free, self)
+
+
+_LIVE: "weakref.WeakValueDictionary[int, SerialComm]" = weakref.WeakValueDictionary()
+
+
+def live_comms() -> List[SerialComm]:
+    """Every communicator wrapped here that is still referenced and not freed (what a
+    recovery revokes: ``hpcddp.faults.failed``)."""
+    return [comm for comm in list(_LIVE.values()) if comm != MPI.COMM_NULL]
 
 
 @_handed_over(MPI.Request)

@@ -139,6 +139,15 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, DDPJoinable):
         given = None if bucket_cap_mb in (None, "auto") else bucket_cap_mb
         cap = DEFAULT_CAP_MB if given is None else given
         self._cap_bytes = int(cap * 1024 * 1024)
+        self._given_cap, self._tune = given, tune
+        self._connect(world, parent, named, init_sync)
+
+    def _connect(self, world, parent, named, init_sync: bool) -> None:
+        """The communicators, the control transport and the reducer on ``parent``.
+
+        .. warning:: Collective over ``parent``.
+        """
+        module, given = self.module, self._given_cap
         self.tuner: Optional[Autotuner] = None
         self.reducer = None
         self._comm = parent.Dup()
@@ -157,9 +166,9 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, DDPJoinable):
                 broadcast_tensors(self._control_transport, [p.detach() for _, p in named] +
                                   [b.detach() for b in self._buffers_to_sync])
             self.reducer = Reducer(named, self._comm, self._control, self._cap_bytes,
-                                   find_unused_parameters=find_unused_parameters,
-                                   static_graph=static_graph,
-                                   gradient_as_bucket_view=gradient_as_bucket_view,
+                                   find_unused_parameters=self.find_unused_parameters,
+                                   static_graph=self.static_graph,
+                                   gradient_as_bucket_view=self.gradient_as_bucket_view,
                                    cuda_aware=world.cuda_aware,
                                    progress_thread=get_setting("PROGRESS_THREAD"),
                                    staging_chunk_bytes=get_setting("STAGING_CHUNK_KB") << 10,
@@ -168,7 +177,7 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, DDPJoinable):
                                                     else self._cap_bytes),
                                    solo_bytes=get_setting("SOLO_BUCKET_KB") << 10,
                                    sparse=sparse_parameters(module, [p for _, p in named]))
-            if tune and self._comm.size > 1:
+            if self._tune and self._comm.size > 1:
                 self.tuner = make_autotuner(self.reducer, self._control, world)
         except BaseException:
             self.close()  # the checks raise on every rank, so this is collective too
@@ -346,6 +355,27 @@ class DistributedDataParallel(nn.Module, lifetime.Closable, DDPJoinable):
             return False
         self.reducer.rebuild(order)
         return True
+
+    def _abandon(self) -> None:
+        # A rank died: nothing pending completes; the autograd hooks go with the reducer.
+        self._pending = []
+        if self.reducer is not None:
+            self.reducer.remove_hooks()
+        self.reducer = self._control_transport = self.tuner = None
+
+    def _rejoin(self, world) -> None:
+        """Train on ``world`` (the survivors, after ``hpcddp.elastic`` shrank the job):
+        new communicators, transport and buckets; the parameters are the caller's to
+        make equal (``State.sync``).
+
+        .. warning:: Collective over the new world.
+        """
+        if self.process_group is not None:
+            raise RuntimeError("hpcddp.elastic: a DistributedDataParallel on a process "
+                               "group of its own cannot follow the job as it shrinks; leave "
+                               "process_group unset to train on the world")
+        named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        self._connect(world, world.comm, named, init_sync=False)
 
     def _release(self) -> None:
         self._complete_pending()

@@ -424,6 +424,10 @@ class Reducer:
         self.transport.close()
 
     def remove_hooks(self) -> None:
+        """No more backward work: the autograd hooks removed, the progress pump stopped."""
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+        if self._pump is not None:
+            self._pump.stop()
+            self._pump = None

@@ -15,13 +15,16 @@ syncs, commits, and calls ``fn(state)``.
 
 import copy
 import functools
-from typing import Any, Callable, Dict, Optional
+import time
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
 from hpcddp import checkpoint
 from hpcddp.checkpoint.rng import capture_rng, restore_rng
 from hpcddp.comm import activity
+from hpcddp.elastic.recovery import recover, recoverable
+from hpcddp.faults.failed import armed_recovery
 from hpcddp.runtime import get_world
 
 __all__ = ["State", "copy_into", "fresh_copy", "run"]
@@ -108,7 +111,24 @@ class State:
         self.checkpoint, self.checkpoint_every = checkpoint, checkpoint_every
         self.commits = 0
         self.resumed: Optional[checkpoint.Resumed] = None
+        self.recoveries: List[dict] = []  # what each recovery inside the job did
         self._saved: Dict[str, Any] = {}
+        self._reset_callbacks: List[Callable[[], None]] = []
+
+    def values(self) -> Dict[str, Any]:
+        """The plain values, by name."""
+        return {name: getattr(self, name) for name in self._values}
+
+    def register_reset_callbacks(self, callbacks) -> None:
+        """Call each of ``callbacks`` (no arguments) after every recovery, once the state
+        is restored and the world is the survivors' (``dist.get_world_size()`` is the new
+        size): to scale a learning rate, say."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        """Run the reset callbacks (``run`` does, after a recovery)."""
+        for callback in self._reset_callbacks:
+            callback()
 
     # -- in memory -------------------------------------------------------------------------
 
@@ -157,6 +177,18 @@ class State:
         rng = self._saved["rng"]
         self.restore()
         self._saved["rng"] = rng
+
+    def restore_newest(self) -> None:
+        """Every rank's state the newest commit any rank holds (the lowest rank holding
+        it gives it): after a failure, ranks' last commits may be a step apart.
+
+        .. warning:: Collective.
+        """
+        self.restore()
+        commits = get_world().comm.allgather(self.commits)
+        newest = max(commits)
+        self.sync(root=commits.index(newest))
+        self.commits = newest
 
     # -- on disk ---------------------------------------------------------------------------
 
@@ -207,6 +239,10 @@ def run(fn: Callable) -> Callable:
     """Call ``fn(state, ...)`` from the newest checkpoint under ``state.checkpoint``, or,
     where there is none, from the lowest rank's state (``sync``), once it is committed.
 
+    Where the MPI has ULFM (``mpirun --with-ft ulfm``), ranks that die while ``fn`` runs
+    do not end the job: the survivors shrink it, restore the newest commit and call
+    ``fn`` again (``hpcddp.elastic.recovery``); ``state.recoveries`` lists each time.
+
     .. warning:: Collective.
     """
 
@@ -215,5 +251,25 @@ def run(fn: Callable) -> Callable:
         if state.checkpoint is None or state.load_checkpoint() is None:
             state.sync()
         state._snapshot()
-        return fn(state, *args, **kwargs)
+        while True:
+            try:
+                with armed_recovery():
+                    return fn(state, *args, **kwargs)
+            except Exception as error:  # noqa: BLE001 - only a process failure is taken
+                if not recoverable(error):
+                    raise
+            _recover_until_done(state)
     return wrapper
+
+
+def _recover_until_done(state: State) -> None:
+    """``recover``, again while ranks die during it."""
+    began = time.monotonic()
+    while True:
+        try:
+            with armed_recovery():
+                recover(state, began)
+            return
+        except Exception as error:  # noqa: BLE001 - only a process failure is taken
+            if not recoverable(error):
+                raise

@@ -75,6 +75,11 @@ _SETTINGS = {
         "0-19, or auto: 19 where the rank's torch threads take every core it may use (the "
         "engine's polling and reductions then give way to backward on the same core; "
         "a core that is idle still runs them at once), else unchanged."),
+    "ELASTIC_MIN_RANKS": _Setting(
+        "int", 1,
+        "Under ULFM (Open MPI's mpirun --with-ft ulfm), hpcddp.elastic.run goes on "
+        "after ranks die while at least this many survive; with fewer the job ends with "
+        "a report, as without ULFM."),
     "INFLIGHT_MB": _Setting(
         "int", 32,
         "The most megabytes of host memory (tensors on the CPU, pinned staging buffers) "

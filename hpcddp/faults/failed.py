@@ -8,15 +8,24 @@ inside its transport, and ``MPIX_Comm_get_failed`` lists the processes this one 
 be dead. hpcddp's abort names them, and their nodes, in its report
 (``hpcddp.faults.abort``). Without ULFM (MPICH, Intel MPI, Open MPI without it) nothing
 here calls MPI.
+
+Inside ``hpcddp.elastic.run`` under ULFM (``armed_recovery()``), a process failure is not the
+end of the job: the rank that meets it notes it (``note_failure``) and revokes every
+communicator hpcddp has open, so that every survivor, wherever it waits, gets an error
+and reaches the recovery too.
 """
 
-from typing import Dict, List
+import os
+import threading
+
+from typing import Dict, List, Optional
 
 from mpi4py import MPI
 
 from hpcddp.comm import serial
 
-__all__ = ["has_ulfm", "failed_ranks", "failed_nodes"]
+__all__ = ["FAILURE_CLASSES", "failed_nodes", "failed_ranks", "has_ulfm", "is_process_failure",
+           "armed_recovery", "note_failure", "revoke_all", "ulfm_enabled"]
 
 
 def has_ulfm() -> bool:
@@ -54,3 +63,82 @@ def failed_nodes(ranks: List[int], hosts: List[str]) -> List[Dict]:
     for rank in ranks:
         nodes.setdefault(hosts[rank] if rank < len(hosts) else "?", []).append(rank)
     return [{"node": node, "ranks": found} for node, found in nodes.items()]
+
+
+# MPI_ERR_PROC_FAILED, MPI_ERR_PROC_FAILED_PENDING and MPI_ERR_REVOKED; Open MPI's
+# non-blocking collectives report a peer's death as MPI_ERR_OTHER.
+FAILURE_CLASSES = tuple(getattr(MPI, name) for name in (
+    "ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED", "ERR_OTHER")
+    if hasattr(MPI, name) and getattr(MPI, name) != MPI.ERR_UNKNOWN)
+
+_recovery = {"armed": 0, "noted": None}
+_recovery_lock = threading.Lock()
+
+
+def ulfm_enabled() -> bool:
+    """Whether this job runs with ULFM's fault tolerance on (``mpirun --with-ft ulfm``
+    sets ``OMPI_MCA_mpi_ft_enable``): survivors of a dead rank get errors, not an abort."""
+    flag = os.environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower()
+    return has_ulfm() and flag in ("1", "true", "yes", "on", "enabled")
+
+
+def is_process_failure(error: BaseException) -> bool:
+    """Whether ``error`` (or one it was raised from) is MPI saying a process failed or a
+    communicator was revoked."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, MPI.Exception) and error.Get_error_class() in FAILURE_CLASSES:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+class armed_recovery:
+    """While open (``hpcddp.elastic.run``'s body), a process failure is recoverable:
+    ``note_failure`` takes it instead of the job ending."""
+
+    def __enter__(self):
+        with _recovery_lock:
+            _recovery["armed"] += 1
+        return self
+
+    def __exit__(self, *exc):
+        with _recovery_lock:
+            _recovery["armed"] -= 1
+
+
+def note_failure(error: BaseException) -> bool:
+    """Take ``error`` as a recoverable process failure, where a recovery is armed and it
+    is one: revoke every communicator (once per failure) and return True. Else False."""
+    if not _recovery["armed"] or not ulfm_enabled() or not is_process_failure(error):
+        return False
+    with _recovery_lock:
+        first = _recovery["noted"] is None
+        _recovery["noted"] = _recovery["noted"] or error
+    if first:
+        revoke_all()
+    return True
+
+
+def take_noted() -> Optional[BaseException]:
+    """The failure noted since the last call (None: none), forgotten."""
+    with _recovery_lock:
+        noted, _recovery["noted"] = _recovery["noted"], None
+    return noted
+
+
+def revoke_all() -> None:
+    """Revoke every communicator hpcddp holds (``MPIX_Comm_revoke``, local and never
+    blocking): each survivor's pending and later operations on them fail, so none
+    waits for a dead rank. On the calling thread: the MPI thread may be in a wait."""
+    def revoke(comms):
+        for comm in comms:
+            try:
+                MPI.Comm.Revoke(comm)
+            except MPI.Exception:
+                pass  # freed meanwhile, or revoked already
+    if MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
+        revoke(serial.live_comms())
+    else:
+        serial.call(revoke, serial.live_comms())

@@ -141,6 +141,13 @@ class Watchdog(Closable):
         activity.set_reference(None)
         free_comm(self.comm)
 
+    def _abandon(self) -> None:
+        self._leaving = True
+        self._stop.set()
+        self._wake.set()
+        atexit.unregister(self.depart)
+        activity.set_reference(None)
+
     # -- the thread ----------------------------------------------------------------------
 
     def _run(self) -> None:

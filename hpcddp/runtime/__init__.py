@@ -33,7 +33,8 @@ if detect_launcher().world_size is not None:
 
 from mpi4py import MPI  # noqa: E402
 
-from hpcddp.backend.groups import destroy_default_group, init_default_group  # noqa: E402
+from hpcddp.backend.groups import (destroy_default_group, dist_is_hpcddp,  # noqa: E402
+                                   init_default_group)
 from hpcddp.comm import lifetime  # noqa: E402
 from hpcddp.comm.topology import MissingRanksError  # noqa: E402
 from hpcddp.faults.abort import abort_job, install_abort_hook, uninstall_abort_hook  # noqa: E402
@@ -41,7 +42,7 @@ from hpcddp.faults.watchdog import Watchdog  # noqa: E402
 from hpcddp.runtime.world import World  # noqa: E402
 from hpcddp.timeline.profiler import connect as connect_timeline, start_timeline  # noqa: E402
 
-__all__ = ["current_world", "finalize", "get_world", "init", "shutdown"]
+__all__ = ["current_world", "finalize", "get_world", "init", "rejoin", "shutdown"]
 
 _WORLD: Optional[World] = None
 _state = {}
@@ -210,6 +211,26 @@ def shutdown() -> None:
     for name in getattr(_WORLD, "torchrun_exported", ()):  # a later init() may differ
         os.environ.pop(name, None)
     _WORLD = None
+
+
+def rejoin(comm) -> World:
+    """Start again on ``comm``, the survivors of a failure (``hpcddp.elastic``): the old
+    world and all it opened let go of without a collective (``lifetime.abandon_all``),
+    then ``init(comm)`` as at the start, torch's default group included if it was
+    hpcddp's. What a ``DistributedDataParallel`` holds it rebuilds itself.
+
+    .. warning:: Collective over ``comm``.
+    """
+    global _WORLD
+    old = _WORLD
+    had_group = old is not None and dist_is_hpcddp()
+    lifetime.abandon_all()
+    if had_group:
+        destroy_default_group()  # its communicators are let go of already: local
+    for name in getattr(old, "torchrun_exported", ()):
+        os.environ.pop(name, None)
+    _WORLD = None
+    return init(comm, torch_group=had_group, timeout=old.timeout if old else None)
 
 
 def finalize() -> None:

@@ -186,6 +186,16 @@ class Timeline:
         out += [self._event(*e) for e in self.events]
         return out
 
+    def abandon(self) -> None:
+        """Stop recording; what rank 0 wrote as the job ran stays in the file."""
+        global _recorder
+        self.closed = True
+        lifetime.unregister(self)
+        if _recorder is self:
+            _recorder = None
+        if self._writer is not None:
+            self._writer.stop()
+
     def close(self) -> None:
         """Gather every rank's events to rank 0 and write the trace there.
 

@@ -291,7 +291,10 @@ class Transport:
         if not (self._issued or self._unissued) or not self.lock.acquire(blocking=False):
             return
         try:
-            self.advance()
+            if self._failure is None:
+                self.advance()
+        except BaseException as error:  # noqa: BLE001 - on the MPI thread: the next caller's
+            self._failure = error
         finally:
             self.lock.release()
 

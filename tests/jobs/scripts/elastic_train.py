@@ -6,7 +6,8 @@ checkpoint every 2 commits, resumed by ``run`` from the newest one.
 Trains to step TOTAL on the global batch of each step (made from the step's number, so a
 resumed run sees the same data), each rank its slice. With KILL_AT, rank 1 kills itself
 with SIGKILL during that step's backward, while rank 0 reduces. Rank 0 writes the final
-parameters to OUT.
+parameters to OUT. Under ULFM the survivors go on inside the job: the rank and size are
+read in the training function, whose world after a recovery is the survivors'.
 """
 
 import json
@@ -15,6 +16,7 @@ import signal
 import sys
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -31,7 +33,7 @@ def batch(step):
     return torch.randn(GLOBAL, 5, generator=g), torch.randn(GLOBAL, 3, generator=g)
 
 
-world = hpcddp.init()
+hpcddp.init()
 torch.manual_seed(0)
 model = hpcddp.DistributedDataParallel(
     nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 3)), bucket_cap_mb=0.0005)
@@ -41,14 +43,17 @@ state = elastic.State(model, optimizer, step=0, checkpoint=ckpt, checkpoint_ever
 
 @elastic.run
 def train(state):
+    rank, size = dist.get_rank(), dist.get_world_size()
     if state.resumed is not None:
-        print(f"rank {world.rank} resumed at step {state.step}", flush=True)
-    share = GLOBAL // world.size
+        print(f"rank {rank} resumed at step {state.step}", flush=True)
+    if state.recoveries:
+        print(f"rank {rank} of {size} goes on at step {state.step}", flush=True)
+    share = GLOBAL // size
     while state.step < total:
         x, y = batch(state.step)
-        mine = slice(world.rank * share, (world.rank + 1) * share)
+        mine = slice(rank * share, (rank + 1) * share)
         loss = F.mse_loss(model(x[mine]), y[mine])
-        if state.step == kill_at and world.rank == 1:
+        if state.step == kill_at and rank == 1 and not state.recoveries:
             model.module[0].weight.register_hook(
                 lambda grad: os.kill(os.getpid(), signal.SIGKILL))
         optimizer.zero_grad()
@@ -60,7 +65,7 @@ def train(state):
 
 
 train(state)
-if world.is_main:
+if dist.get_rank() == 0:
     with open(out, "w") as f:
         json.dump([p.detach().tolist() for p in model.parameters()], f)
-print(f"rank {world.rank} finished at step {state.step}", flush=True)
+print(f"rank {dist.get_rank()} finished at step {state.step}", flush=True)

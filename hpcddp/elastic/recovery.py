@@ -1,0 +1,125 @@
+"""Recovery inside the job, where the MPI has ULFM (Open MPI 5 under
+``mpirun --with-ft ulfm``): the survivors of a dead rank shrink the job and go on.
+
+The rank that meets the failure first (an MPI error of a dead peer, on any thread) has
+every communicator of hpcddp revoked (``hpcddp.faults.failed``), so every survivor,
+wherever it waits, gets an error and comes here. Then, on each survivor:
+
+1. ``MPIX_Comm_shrink`` of the world's parent communicator: a new communicator of the
+   living, agreed by all of them (fault tolerant: a rank that dies meanwhile is left
+   out too).
+2. Below ``HPCDDP_ELASTIC_MIN_RANKS`` survivors the job ends with a report, as without
+   ULFM.
+3. hpcddp's world is let go of without a collective (its helper threads stopped, its
+   communicators left revoked) and made again on the survivors (``runtime.rejoin``):
+   nodes, threads, reductions, the watchdog, torch's default group.
+4. Each ``DistributedDataParallel`` builds its communicators and buckets again.
+5. The state goes back to the newest commit any survivor holds: each restores its own
+   last commit, and the lowest rank holding the newest one gives it to the others. (A
+   rank may have committed a step whose collectives completed there but failed on
+   another rank; that commit is whole, since its step's reductions completed.)
+6. The reset callbacks run (a learning rate scaled to the new size, say), a report
+   names what was lost and where training resumed (stderr, and ``HPCDDP_REPORT_DIR``'s
+   ``hpcddp-recovery-rank<N>.json``), and ``run`` calls the function again.
+"""
+
+import json
+import os
+import socket
+import sys
+import time
+from typing import List
+
+from mpi4py import MPI
+
+from hpcddp.comm import lifetime, serial
+from hpcddp.comm.ranks import ranks_text
+from hpcddp.faults.report import ranks_said, report_path
+from hpcddp.env import get_setting
+from hpcddp.faults.abort import abort_job
+from hpcddp.faults.failed import failed_nodes, is_process_failure, revoke_all, take_noted, ulfm_enabled
+from hpcddp.runtime import get_world, rejoin
+
+__all__ = ["RECOVERY_REPORT", "Recovery", "recoverable", "recover"]
+
+RECOVERY_REPORT = "hpcddp-recovery-rank{rank}.json"  # beside HPCDDP_REPORT_DIR's reports
+
+
+class Recovery(dict):
+    """What one recovery did (its report's fields): ``lost_ranks``, ``lost_nodes``,
+    ``size_before``, ``size_after``, ``commit``, ``seconds``."""
+
+
+def recoverable(error: BaseException) -> bool:
+    """Whether ``error`` ended ``run``'s function because ranks died, under ULFM."""
+    noted = take_noted()
+    return ulfm_enabled() and (is_process_failure(error) or noted is not None)
+
+
+def _shrink(parent) -> "MPI.Intracomm":
+    revoke_all()  # again: a survivor whose own call failed must wake the others too
+    return serial.call(MPI.Comm.Shrink, parent)
+
+
+def _survivors(parent, shrunk) -> List[int]:
+    """The ranks of ``parent`` that are in ``shrunk``."""
+    return list(MPI.Group.Translate_ranks(shrunk.Get_group(), list(range(shrunk.Get_size())),
+                                          parent.Get_group()))
+
+
+def recover(state, began: float) -> Recovery:
+    """Shrink to the survivors, rebuild hpcddp on them and restore the newest commit.
+
+    .. warning:: Collective over the survivors (every one of them comes here).
+    """
+    old = get_world()
+    parent, hosts, rank_before = old.parent, list(old.hosts), old.rank
+    models = [o for o in lifetime.open_owners() if hasattr(o, "_rejoin")]
+    shrunk = _shrink(parent)
+    kept = serial.call(_survivors, parent, shrunk)
+    lost = [r for r in range(len(hosts)) if r not in kept]
+    facts = Recovery(kind="recovery", lost_ranks=lost, lost_nodes=failed_nodes(lost, hosts),
+                     size_before=len(hosts), size_after=len(kept), rank_before=rank_before)
+    least = get_setting("ELASTIC_MIN_RANKS")
+    if len(kept) < least:
+        abort_job(shrunk, f"{ranks_said(lost)} died and {len(kept)} ranks are left, fewer than "
+                  f"HPCDDP_ELASTIC_MIN_RANKS={least}; ending the job",
+                  facts=dict(facts, kind="process_failed", failed_ranks=lost,
+                             setting="HPCDDP_ELASTIC_MIN_RANKS"))
+    world = rejoin(shrunk)
+    for model in models:
+        model._rejoin(world)
+    state.restore_newest()
+    state.on_reset()
+    facts.update(rank=world.rank, commit=state.commits, values=state.values(),
+                 seconds=round(time.monotonic() - began, 3), time=time.time())
+    state.recoveries.append(facts)
+    _tell(world, state.recoveries)
+    return facts
+
+
+def _tell(world, recoveries: List[Recovery]) -> None:
+    facts = recoveries[-1]
+    lost = facts["lost_ranks"]
+    where = "; ".join(f"{n['node']} (rank{'s' if len(n['ranks']) > 1 else ''} "
+                      f"{ranks_text(n['ranks'])})" for n in facts["lost_nodes"])
+    if world.rank == 0:
+        sys.stderr.write(
+            f"hpcddp: {ranks_said(lost)} of {facts['size_before']} died ({where}); "
+            f"{facts['size_after']} ranks go on from commit {facts['commit']} "
+            f"({', '.join(f'{k}={v}' for k, v in facts['values'].items()) or 'no values'}), "
+            f"recovered in {facts['seconds']:.2f} s\n")
+        sys.stderr.flush()
+    path = report_path(world.rank)
+    if path is None:
+        return
+    path = os.path.join(os.path.dirname(path), RECOVERY_REPORT.format(rank=world.rank))
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(f"{path}.partial", "w") as out:
+            json.dump({"kind": "recoveries", "rank": world.rank, "host": socket.gethostname(),
+                       "recoveries": recoveries}, out, indent=1, default=str)
+        os.replace(f"{path}.partial", path)
+    except OSError as error:  # training goes on; the report said it on stderr
+        sys.stderr.write(f"hpcddp: rank {world.rank}: the recovery report {path} could not "
+                         f"be written: {error}\n")

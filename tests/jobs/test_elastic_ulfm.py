@@ -1,0 +1,75 @@
+"""Recovery inside the job under ULFM (Open MPI's ``mpirun --with-ft ulfm``): an
+``hpcddp.elastic`` DDP program whose rank is killed mid-backward goes on at the smaller
+size in the same job, from the newest commit, and ends with the parameters of one
+process trained on every step's global batch (computed here: each step's gradient is
+the global batch's mean at any size, so a run resumed from a commit at another size
+reaches them too). Below ``HPCDDP_ELASTIC_MIN_RANKS`` survivors the job ends, named.
+"""
+
+import json
+import sys
+
+import pytest
+import torch
+from jobs_util import ROOT, mpi_flavour, mpiexec, run_command
+from reports import read_reports, reports_said
+from test_elastic_resume import SCRIPT, TOTAL, KILL_AT, _reference
+
+pytestmark = pytest.mark.skipif(
+    mpi_flavour() != "openmpi", reason="recovery inside the job needs ULFM, Open MPI's "
+    "(mpirun --with-ft ulfm); MPICH and Intel MPI end the job (test_elastic_resume.py)")
+
+ENV = {"HPCDDP_TIMEOUT": "60", "OMP_NUM_THREADS": "1"}
+
+
+def _run(tmp_path, n, env=None):
+    out, reports = tmp_path / "params.json", tmp_path / "reports"
+    command = [*mpiexec(), "--with-ft", "ulfm", "-n", str(n), sys.executable, str(SCRIPT),
+               str(tmp_path / "ckpt"), str(out), str(TOTAL), str(KILL_AT)]
+    job = run_command(command, env=dict(ENV, HPCDDP_REPORT_DIR=str(reports), **(env or {})),
+                      timeout=120, cwd=ROOT)
+    assert not job.timed_out, job.output[-3000:]
+    return job, out, reports
+
+
+def _recoveries(folder):
+    found = {}
+    for path in sorted(folder.glob("hpcddp-recovery-rank*.json")):
+        report = json.loads(path.read_text())
+        found[report["rank"]] = report["recoveries"]
+    return found
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_a_killed_rank_costs_a_recovery_not_the_job(tmp_path, n):
+    job, out, reports = _run(tmp_path, n)
+    assert job.returncode == 0, job.output[-4000:]
+    # Commits at steps 3 and 6; rank 1 dies in step 8's backward: the survivors go on
+    # from step 6, one rank fewer, in the same job.
+    for rank in range(n - 1):
+        assert f"rank {rank} of {n - 1} goes on at step 6" in job.stdout, job.output[-3000:]
+        assert f"rank {rank} finished at step {TOTAL}" in job.stdout, job.output[-3000:]
+    assert f"hpcddp: rank 1 of {n} died" in job.stderr, job.stderr[-3000:]
+    assert read_reports(reports) == {}, reports_said(reports)  # nothing ended the job
+    recoveries = _recoveries(reports)
+    assert sorted(recoveries) == list(range(n - 1)), recoveries
+    before = [r for r in range(n) if r != 1]
+    for rank, (done,) in recoveries.items():
+        assert (done["lost_ranks"], done["size_before"], done["size_after"]) == ([1], n, n - 1)
+        assert done["lost_nodes"] == [{"node": done["lost_nodes"][0]["node"], "ranks": [1]}]
+        assert (done["commit"], done["values"]) == (2, {"step": 6})
+        assert done["rank_before"] == before[rank]
+    for ours, one in zip(json.loads(out.read_text()), _reference()):
+        torch.testing.assert_close(torch.tensor(ours), one, rtol=1e-5, atol=1e-6)
+
+
+def test_below_the_minimum_size_the_job_ends_and_names_the_dead_rank(tmp_path):
+    job, out, reports = _run(tmp_path, 3, env={"HPCDDP_ELASTIC_MIN_RANKS": "3"})
+    assert job.returncode != 0, job.output[-3000:]
+    assert not out.exists() and "finished" not in job.stdout
+    found = read_reports(reports)
+    assert found and set(found) <= {0, 1}, reports_said(reports) + job.output[-3000:]
+    for report in found.values():
+        assert (report["kind"], report["failed_ranks"], report["setting"]) == \
+            ("process_failed", [1], "HPCDDP_ELASTIC_MIN_RANKS")
+        assert "rank 1 died and 2 ranks are left" in report["message"], report["message"]
