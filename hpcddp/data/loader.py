@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+import hpcddp.runtime  # noqa: F401 - first: MPI starts there, as hpcddp starts it
 from hpcddp import timeline
 from hpcddp.comm.lifetime import Closable
 from hpcddp.comm.outcome import decide_on_root

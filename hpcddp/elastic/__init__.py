@@ -19,6 +19,7 @@ and ``commit()`` writes a checkpoint every ``checkpoint_every`` commits; a lost 
 ends the job as everywhere in hpcddp, and the next job resumes from that checkpoint.
 """
 
+import hpcddp.runtime  # noqa: F401 - first: MPI starts there, as hpcddp starts it
 from hpcddp.elastic.state import State, run
 
 __all__ = ["State", "run"]

@@ -38,11 +38,14 @@ from hpcddp.faults.report import ranks_said, report_path
 from hpcddp.env import get_setting
 from hpcddp.faults.abort import abort_job
 from hpcddp.faults.failed import failed_nodes, is_process_failure, revoke_all, take_noted, ulfm_enabled
-from hpcddp.runtime import get_world, rejoin
+from hpcddp.runtime import current_world, rejoin
 
 __all__ = ["RECOVERY_REPORT", "Recovery", "recoverable", "recover"]
 
 RECOVERY_REPORT = "hpcddp-recovery-rank{rank}.json"  # beside HPCDDP_REPORT_DIR's reports
+
+
+_where = {}  # the communicator to shrink, its nodes, this rank there, the models to rejoin
 
 
 class Recovery(dict):
@@ -50,10 +53,16 @@ class Recovery(dict):
     ``size_before``, ``size_after``, ``commit``, ``seconds``."""
 
 
-def recoverable(error: BaseException) -> bool:
-    """Whether ``error`` ended ``run``'s function because ranks died, under ULFM."""
+def recoverable(error: BaseException, recovering: bool = False) -> bool:
+    """Whether ``error`` ended ``run``'s function (or, ``recovering``, a recovery) because
+    ranks died, under ULFM. In a recovery any MPI error is taken: a rank that dies there
+    can fail a call with another class (``MPI_ERR_INTERN`` from ``MPI_Comm_idup``), and the
+    next shrink tells who is left."""
     noted = take_noted()
-    return ulfm_enabled() and (is_process_failure(error) or noted is not None)
+    if not ulfm_enabled():
+        return False
+    return is_process_failure(error) or noted is not None or (
+        recovering and isinstance(error, MPI.Exception))
 
 
 def _shrink(parent) -> "MPI.Intracomm":
@@ -72,11 +81,17 @@ def recover(state, began: float) -> Recovery:
 
     .. warning:: Collective over the survivors (every one of them comes here).
     """
-    old = get_world()
-    parent, hosts, rank_before = old.parent, list(old.hosts), old.rank
-    models = [o for o in lifetime.open_owners() if hasattr(o, "_rejoin")]
+    old = current_world()
+    if old is not None:
+        _where.update(parent=old.parent, hosts=list(old.hosts), rank=old.rank,
+                      models=[o for o in lifetime.open_owners() if hasattr(o, "_rejoin")])
+    # else a recovery that failed part way (a rank died in it) left no world: its
+    # shrunk communicator is the one to shrink again.
+    parent, hosts, rank_before = _where["parent"], _where["hosts"], _where["rank"]
+    models = _where["models"]
     shrunk = _shrink(parent)
     kept = serial.call(_survivors, parent, shrunk)
+    _where.update(parent=shrunk, hosts=[hosts[r] for r in kept], rank=shrunk.rank)
     lost = [r for r in range(len(hosts)) if r not in kept]
     facts = Recovery(kind="recovery", lost_ranks=lost, lost_nodes=failed_nodes(lost, hosts),
                      size_before=len(hosts), size_after=len(kept), rank_before=rank_before)

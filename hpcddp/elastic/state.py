@@ -271,5 +271,5 @@ def _recover_until_done(state: State) -> None:
                 recover(state, began)
             return
         except Exception as error:  # noqa: BLE001 - only a process failure is taken
-            if not recoverable(error):
+            if not recoverable(error, recovering=True):
                 raise

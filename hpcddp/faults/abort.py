@@ -19,7 +19,6 @@ import threading
 import time
 import traceback
 
-from hpcddp.faults.failed import note_failure
 from hpcddp.faults.launcher_guard import end_launcher_later
 from hpcddp.faults.report import write_report
 from hpcddp.startup.mpi_init import JOB_SEGMENTS, unlink_mapped_segments
@@ -168,6 +167,7 @@ def install_abort_hook(comm, hosts=None) -> None:
     def _thread_hook(args):
         if _installed.get("comm") is None or args.exc_type is SystemExit:
             return previous_thread(args)
+        from hpcddp.faults.failed import note_failure  # MPI's, loaded once a hook runs
         if note_failure(args.exc_value):
             return  # hpcddp.elastic recovers: every survivor now meets an error
         dead = _dead_peers(args.exc_value)

@@ -7,6 +7,7 @@ device per local rank); operations are matched across ranks by name in any order
 Horovod's engine does (``engine.py``), and run as hpcddp's collectives.
 """
 
+import hpcddp.runtime  # noqa: F401 - first: MPI starts there, as hpcddp starts it
 from hpcddp.horovod.basics import (
     Adasum, Average, HorovodInternalError, HostsUpdatedInterrupt, Max, Min, Product, Sum,
     ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,

@@ -119,6 +119,17 @@ def refuse_in_child() -> None:
     os._exit(1)
 
 
+def finalize_without_the_dead(environ=os.environ) -> None:
+    """Under ULFM (``mpirun --with-ft ulfm`` sets ``OMPI_MCA_mpi_ft_enable``), no barrier
+    at the start of ``MPI_Finalize`` (``OMPI_MCA_async_mpi_finalize=1``, unless set):
+    Open MPI 5.0's waits there for every process of the job, the dead ones included,
+    after a recovery (open-mpi/ompi#11404; seen here in 1 of 3 jobs that lost two ranks).
+    hpcddp's shutdown has every live rank leave together already (the watchdog's leaving
+    handshake), so the barrier adds nothing."""
+    if environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower() in ("1", "true", "yes", "on"):
+        environ.setdefault("OMPI_MCA_async_mpi_finalize", "1")
+
+
 def start_mpi(timeout: float) -> None:
     """Import ``mpi4py.MPI`` (``MPI_Init``), ending this rank if that takes longer than
     ``timeout`` seconds in a job of several ranks. Does nothing once MPI is started;
@@ -131,6 +142,7 @@ def start_mpi(timeout: float) -> None:
     from hpcddp.env.netmod import apply_netmod
 
     apply_netmod()  # the mpich wheel's network module, before MPI_Init reads it
+    finalize_without_the_dead()
 
     if not timeout or (detect_launcher().world_size or 1) < 2:
         from mpi4py import MPI  # noqa: F401

@@ -63,6 +63,25 @@ def test_a_killed_rank_costs_a_recovery_not_the_job(tmp_path, n):
         torch.testing.assert_close(torch.tensor(ours), one, rtol=1e-5, atol=1e-6)
 
 
+def test_a_rank_that_dies_during_the_recovery_costs_a_second_one(tmp_path):
+    # Of 4 ranks, rank 1 dies mid-backward; then, inside the recovery (in the reset
+    # callbacks, after the survivors shrank and restored), the survivors' rank 2 dies.
+    job, out, reports = _run(tmp_path, 4, env={"ELASTIC_KILL_IN_RESET": "2"})
+    assert job.returncode == 0, job.output[-4000:]
+    for rank in range(2):
+        assert f"rank {rank} of 2 goes on at step 6" in job.stdout, job.output[-3000:]
+        assert f"rank {rank} finished at step {TOTAL}" in job.stdout, job.output[-3000:]
+    recoveries = _recoveries(reports)
+    assert sorted(recoveries) == [0, 1], recoveries
+    for first, second in recoveries.values():
+        assert (first["lost_ranks"], first["size_before"], first["size_after"]) == ([1], 4, 3)
+        assert (second["lost_ranks"], second["size_before"], second["size_after"]) == \
+            ([2], 3, 2)
+        assert second["commit"] == 2
+    for ours, one in zip(json.loads(out.read_text()), _reference()):
+        torch.testing.assert_close(torch.tensor(ours), one, rtol=1e-5, atol=1e-6)
+
+
 def test_below_the_minimum_size_the_job_ends_and_names_the_dead_rank(tmp_path):
     job, out, reports = _run(tmp_path, 3, env={"HPCDDP_ELASTIC_MIN_RANKS": "3"})
     assert job.returncode != 0, job.output[-3000:]

@@ -69,3 +69,34 @@ def test_backend_names():
     assert names_hpcddp("cpu:hpcddp,cuda:hpcddp")
     assert not names_hpcddp("cpu:gloo,cuda:hpcddp") and not names_hpcddp("gloo")
     assert not names_hpcddp(None) and not names_hpcddp("undefined")
+
+
+_STARTS_MPI = """
+import builtins, json, sys
+import mpi4py
+mpi4py.rc.initialize = mpi4py.rc.finalize = False  # loaded, not started: no singleton
+import hpcddp.startup.mpi_init as mpi_init
+started, first = [], []
+real = mpi_init.start_mpi
+mpi_init.start_mpi = lambda *a, **k: (started.append(1), real(*a, **k))[1]
+plain = builtins.__import__
+def watch(name, globals=None, locals=None, fromlist=(), level=0):
+    if not first and "mpi4py.MPI" not in sys.modules and (
+            name == "mpi4py.MPI" or (name == "mpi4py" and "MPI" in (fromlist or ()))):
+        first.append(bool(started))
+    return plain(name, globals, locals, fromlist, level)
+builtins.__import__ = watch
+import {module}
+print(json.dumps(first))
+"""
+
+
+@pytest.mark.parametrize("module", ["hpcddp.ddp", "hpcddp.checkpoint", "hpcddp.elastic",
+                                    "hpcddp.horovod", "hpcddp.data.loader"])
+def test_a_public_package_starts_mpi_the_way_hpcddp_does(module):
+    # Its first import of mpi4py.MPI comes after hpcddp.startup.mpi_init.start_mpi (the
+    # network module, the bounded MPI_Init, ULFM's finalize), whichever is imported first.
+    done = subprocess.run([sys.executable, "-c", _STARTS_MPI.replace("{module}", module)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [True], module

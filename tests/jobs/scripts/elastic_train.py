@@ -7,7 +7,10 @@ Trains to step TOTAL on the global batch of each step (made from the step's numb
 resumed run sees the same data), each rank its slice. With KILL_AT, rank 1 kills itself
 with SIGKILL during that step's backward, while rank 0 reduces. Rank 0 writes the final
 parameters to OUT. Under ULFM the survivors go on inside the job: the rank and size are
-read in the training function, whose world after a recovery is the survivors'.
+read in the training function, whose world after a recovery is the survivors'. Each step
+also sums the loss with ``dist.all_reduce`` (a collective of the program's own, on the
+default group). ``ELASTIC_KILL_IN_RESET=R``: rank R of the survivors kills itself in the
+reset callback, inside the recovery.
 """
 
 import json
@@ -39,6 +42,16 @@ model = hpcddp.DistributedDataParallel(
     nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 3)), bucket_cap_mb=0.0005)
 optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
 state = elastic.State(model, optimizer, step=0, checkpoint=ckpt, checkpoint_every=2)
+kill_in_reset = os.environ.get("ELASTIC_KILL_IN_RESET")
+
+
+def on_reset():
+    if kill_in_reset is not None and dist.get_rank() == int(kill_in_reset) \
+            and len(state.recoveries) == 0:  # during the first recovery
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+state.register_reset_callbacks([on_reset])
 
 
 @elastic.run
@@ -59,6 +72,8 @@ def train(state):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        summed = loss.detach().clone()
+        dist.all_reduce(summed)
         state.step += 1
         if state.step % 3 == 0:
             state.commit()
