@@ -12,7 +12,7 @@ checkpoint every 2 commits) at 3 ranks, and rank 1 kills itself with SIGKILL dur
 Per run: the seconds from the fault (the dying rank's last word) to the first step
 completed afterwards (at the new size, or in the new job), the exit codes, a hang (a
 job past its timeout), and whether the final parameters are those of one process
-trained on every step's global batch, computed here. JSON in results/recovery.json.
+trained on every step's global batch (tests/support/elastic_reference.py). JSON in results/recovery.json.
 
 Run: ``python benchmarks/bench_recovery.py --runs 20`` (both venvs built:
 ``make venv .venv-openmpi/.hpcddp-installed``).
@@ -35,29 +35,15 @@ import mpi4py
 mpi4py.rc.initialize = mpi4py.rc.finalize = False  # this driver only launches jobs
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
 
 from common import write  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests/support"))
+from elastic_reference import elastic_reference  # noqa: E402
 SCRIPT = ROOT / "tests/jobs/scripts/elastic_train.py"
 TOTAL, KILL_AT, RANKS = 12, 8, 3
 ROOTLESS = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-
-
-def reference():
-    """One process on every step's global batch (the data of elastic_train.py)."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 3))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for step in range(TOTAL):
-        g = torch.Generator().manual_seed(1000 + step)
-        x, y = torch.randn(12, 5, generator=g), torch.randn(12, 3, generator=g)
-        optimizer.zero_grad()
-        F.mse_loss(model(x), y).backward()
-        optimizer.step()
-    return [p.detach() for p in model.parameters()]
 
 
 def job(launcher, folder, kill: bool, timeout=120):
@@ -127,7 +113,7 @@ def main():
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--name", default="recovery", help="results/<name>.json")
     args = parser.parse_args()
-    expected = reference()
+    expected = elastic_reference(TOTAL)
     runs = {"ulfm": [], "restart": []}
     for i in range(args.runs):  # interleaved: the machine's drift falls on both alike
         for kind, run in (("ulfm", ulfm_run), ("restart", restart_run)):

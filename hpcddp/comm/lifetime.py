@@ -74,14 +74,7 @@ def close_all() -> None:
        communicators): every rank must run it, as every exit path does.
     """
     first = None
-    while True:
-        with _lock:
-            if not _open:
-                break
-            owner = _open.popitem()[1]
-        owner = owner() if isinstance(owner, weakref.ref) else owner
-        if owner is None:
-            continue
+    for owner in _newest_first():
         try:
             owner.close()
         except Exception as error:  # noqa: BLE001 - raised once every owner is closed
@@ -90,18 +83,26 @@ def close_all() -> None:
         raise first
 
 
+def _newest_first():
+    """Each registered owner still alive, newest first, unregistered as it is taken (one
+    registered meanwhile is taken too)."""
+    while True:
+        with _lock:
+            if not _open:
+                return
+            owner = _open.popitem()[1]
+        owner = owner() if isinstance(owner, weakref.ref) else owner
+        if owner is not None:
+            yield owner
+
+
 def abandon_all() -> None:
     """Let go of every registered owner without a collective or a wait on another rank:
     helper threads stopped, communicators left unfreed (they are revoked). For a
     recovery after a rank died (``hpcddp.elastic``), where a collective would wait for
     it; an owner without ``abandon()`` is only forgotten.
     """
-    while True:
-        with _lock:
-            if not _open:
-                break
-            owner = _open.popitem()[1]
-        owner = owner() if isinstance(owner, weakref.ref) else owner
+    for owner in _newest_first():
         abandon = getattr(owner, "abandon", None)
         if abandon is not None:
             try:
@@ -150,11 +151,7 @@ class Closable:
 
     def abandon(self) -> None:
         """Closed without MPI's collectives (``abandon_all``). Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        unregister(self)
-        self._abandon()
+        self._end(self._abandon)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -166,11 +163,14 @@ class Closable:
 
     def close(self) -> None:
         """Release the MPI resources. Collective: every rank must call it. Idempotent."""
+        self._end(self._release)
+
+    def _end(self, how) -> None:
         if self._closed:
             return
         self._closed = True
         unregister(self)
-        self._release()
+        how()
 
     def __enter__(self):
         return self

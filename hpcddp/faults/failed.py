@@ -15,7 +15,6 @@ communicator hpcddp has open, so that every survivor, wherever it waits, gets an
 and reaches the recovery too.
 """
 
-import os
 import threading
 
 from typing import Dict, List, Optional
@@ -23,9 +22,10 @@ from typing import Dict, List, Optional
 from mpi4py import MPI
 
 from hpcddp.comm import serial
+from hpcddp.startup.mpi_init import ulfm_requested
 
 __all__ = ["FAILURE_CLASSES", "failed_nodes", "failed_ranks", "has_ulfm", "is_process_failure",
-           "armed_recovery", "note_failure", "revoke_all", "ulfm_enabled"]
+           "armed_recovery", "note_failure", "revoke_all", "take_noted", "ulfm_enabled"]
 
 
 def has_ulfm() -> bool:
@@ -78,8 +78,7 @@ _recovery_lock = threading.Lock()
 def ulfm_enabled() -> bool:
     """Whether this job runs with ULFM's fault tolerance on (``mpirun --with-ft ulfm``
     sets ``OMPI_MCA_mpi_ft_enable``): survivors of a dead rank get errors, not an abort."""
-    flag = os.environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower()
-    return has_ulfm() and flag in ("1", "true", "yes", "on", "enabled")
+    return has_ulfm() and ulfm_requested()
 
 
 def is_process_failure(error: BaseException) -> bool:

@@ -119,6 +119,13 @@ def refuse_in_child() -> None:
     os._exit(1)
 
 
+def ulfm_requested(environ=os.environ) -> bool:
+    """Whether the launcher turned ULFM's fault tolerance on (``mpirun --with-ft ulfm``
+    sets ``OMPI_MCA_mpi_ft_enable``)."""
+    flag = environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower()
+    return flag in ("1", "true", "yes", "on", "enabled")
+
+
 def finalize_without_the_dead(environ=os.environ) -> None:
     """Under ULFM (``mpirun --with-ft ulfm`` sets ``OMPI_MCA_mpi_ft_enable``), no barrier
     at the start of ``MPI_Finalize`` (``OMPI_MCA_async_mpi_finalize=1``, unless set):
@@ -126,7 +133,7 @@ def finalize_without_the_dead(environ=os.environ) -> None:
     after a recovery (open-mpi/ompi#11404; seen here in 1 of 3 jobs that lost two ranks).
     hpcddp's shutdown has every live rank leave together already (the watchdog's leaving
     handshake), so the barrier adds nothing."""
-    if environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower() in ("1", "true", "yes", "on"):
+    if ulfm_requested(environ):
         environ.setdefault("OMPI_MCA_async_mpi_finalize", "1")
 
 

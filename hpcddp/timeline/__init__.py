@@ -188,6 +188,9 @@ class Timeline:
 
     def abandon(self) -> None:
         """Stop recording; what rank 0 wrote as the job ran stays in the file."""
+        self._stop_recording()
+
+    def _stop_recording(self) -> None:
         global _recorder
         self.closed = True
         lifetime.unregister(self)
@@ -201,15 +204,9 @@ class Timeline:
 
         .. warning:: Collective.
         """
-        global _recorder
         if self.closed:
             return
-        self.closed = True
-        lifetime.unregister(self)
-        if _recorder is self:
-            _recorder = None
-        if self._writer is not None:
-            self._writer.stop()
+        self._stop_recording()
         parts = self.comm.gather((self._trace_events(), self.dropped), root=0)
         if self.comm.rank != 0:
             return

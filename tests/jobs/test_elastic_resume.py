@@ -7,9 +7,7 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
-
+from elastic_reference import elastic_reference
 from jobs_util import ROOT, launch
 
 SCRIPT = ROOT / "tests/jobs/scripts/elastic_train.py"
@@ -17,16 +15,7 @@ TOTAL, KILL_AT = 12, 8  # commits at steps 3, 6, 9; checkpoints at commits 2 (st
 
 
 def _reference():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 3))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for step in range(TOTAL):
-        g = torch.Generator().manual_seed(1000 + step)
-        x, y = torch.randn(12, 5, generator=g), torch.randn(12, 3, generator=g)
-        optimizer.zero_grad()
-        F.mse_loss(model(x), y).backward()
-        optimizer.step()
-    return [p.detach() for p in model.parameters()]
+    return elastic_reference(TOTAL)
 
 
 @pytest.mark.parametrize("n", [2, 3])

@@ -13,7 +13,8 @@ import pytest
 import torch
 from jobs_util import ROOT, mpi_flavour, mpiexec, run_command
 from reports import read_reports, reports_said
-from test_elastic_resume import SCRIPT, TOTAL, KILL_AT, _reference
+from elastic_reference import elastic_reference
+from test_elastic_resume import KILL_AT, SCRIPT, TOTAL
 
 pytestmark = pytest.mark.skipif(
     mpi_flavour() != "openmpi", reason="recovery inside the job needs ULFM, Open MPI's "
@@ -59,7 +60,7 @@ def test_a_killed_rank_costs_a_recovery_not_the_job(tmp_path, n):
         assert done["lost_nodes"] == [{"node": done["lost_nodes"][0]["node"], "ranks": [1]}]
         assert (done["commit"], done["values"]) == (2, {"step": 6})
         assert done["rank_before"] == before[rank]
-    for ours, one in zip(json.loads(out.read_text()), _reference()):
+    for ours, one in zip(json.loads(out.read_text()), elastic_reference(TOTAL)):
         torch.testing.assert_close(torch.tensor(ours), one, rtol=1e-5, atol=1e-6)
 
 
@@ -78,7 +79,7 @@ def test_a_rank_that_dies_during_the_recovery_costs_a_second_one(tmp_path):
         assert (second["lost_ranks"], second["size_before"], second["size_after"]) == \
             ([2], 3, 2)
         assert second["commit"] == 2
-    for ours, one in zip(json.loads(out.read_text()), _reference()):
+    for ours, one in zip(json.loads(out.read_text()), elastic_reference(TOTAL)):
         torch.testing.assert_close(torch.tensor(ours), one, rtol=1e-5, atol=1e-6)
 
 
