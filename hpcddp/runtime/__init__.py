@@ -20,7 +20,7 @@ from typing import Optional, Union
 from hpcddp.env import ConfigError, detect_launcher, get_setting, unknown_settings
 from hpcddp.env.config import LOADER_WORKER_VARIABLE
 from hpcddp.env.torchrun import disagreements, export, torchrun_values
-from hpcddp.startup.mpi_init import start_mpi
+from hpcddp.startup.mpi_init import refuse_in_child, start_mpi
 from hpcddp.startup.tracker import keep_tracker_apart
 
 # MPI starts here, bounded by HPCDDP_TIMEOUT (a rank that never starts MPI would hold
@@ -98,6 +98,7 @@ def init(comm=None, *, torch_group: Optional[bool] = None,
             "hpcddp.init() ran in a ShardedLoader worker process: a spawned worker imports "
             "the training script again, and a worker must never join the MPI job. Put the "
             "training code under `if __name__ == \"__main__\":`")
+    refuse_in_child()
     if _WORLD is not None:
         if comm is not None and comm != _WORLD.parent:
             raise RuntimeError(

@@ -15,10 +15,12 @@ memory itself goes with the node's last rank).
 
 A process that ``multiprocessing`` started from a rank (a DataLoader worker under
 ``spawn`` or ``forkserver``, which imports the training script again) never starts MPI:
-``MPI_Init`` there fails deep in PMI with a stack that hides the cause. It prints one
-line naming the cause and the fix and exits, and the rank's DataLoader then fails, which
-ends the job. A child forked after ``hpcddp.init()`` has MPI in its memory already and
-is not refused.
+``MPI_Init`` there fails deep in PMI with a stack that hides the cause. Importing hpcddp
+there loads mpi4py without initializing MPI, so a guarded script's imports work; only
+``hpcddp.init()`` (or ``init_process_group("hpcddp")``) there prints one line naming
+the cause and the fix and exits (``refuse_in_child``), and the rank's DataLoader then
+fails, which ends the job. A child forked after ``hpcddp.init()`` has MPI in its memory
+already and is not refused.
 """
 
 import os
@@ -97,18 +99,26 @@ def _launched_rank() -> str:
     return "this rank"
 
 
-def refuse_in_child() -> None:
-    """Exit with one line on stderr if this process is a ``multiprocessing`` child of
-    a launched rank that has not started MPI (it would start it now)."""
+def _child_of_rank() -> bool:
+    """Whether this process is a ``multiprocessing`` child of a launched rank."""
     import multiprocessing
 
     parent = multiprocessing.parent_process()
     # While a spawn/forkserver child imports the parent's main module again, it has no
     # parent_process() yet; it is "inheriting" (what multiprocessing itself checks).
     inheriting = getattr(multiprocessing.current_process(), "_inheriting", False)
-    rank = _launched_rank()
-    if (parent is None and not inheriting) or rank == "this rank":
+    return (parent is not None or inheriting) and _launched_rank() != "this rank"
+
+
+def refuse_in_child() -> None:
+    """Exit with one line on stderr if this process is a ``multiprocessing`` child of
+    a launched rank that has not started MPI (``hpcddp.init()`` would start it now)."""
+    if not _child_of_rank():
         return
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized():
+        return  # forked after init(): the rank's MPI is in its memory
+    rank = _launched_rank()
     sys.stderr.write(
         f"hpcddp: hpcddp.init() or init_process_group(\"hpcddp\") ran in a process that "
         f"multiprocessing started from {rank} "
@@ -139,12 +149,19 @@ def finalize_without_the_dead(environ=os.environ) -> None:
 
 def start_mpi(timeout: float) -> None:
     """Import ``mpi4py.MPI`` (``MPI_Init``), ending this rank if that takes longer than
-    ``timeout`` seconds in a job of several ranks. Does nothing once MPI is started;
-    refuses a child process of a rank (``refuse_in_child``).
+    ``timeout`` seconds in a job of several ranks. Does nothing once MPI is started; in
+    a child process of a rank it loads mpi4py without starting MPI (``init()`` there
+    refuses to run: ``refuse_in_child``).
     """
     if "mpi4py.MPI" in sys.modules:
         return
-    refuse_in_child()
+    if _child_of_rank():
+        import mpi4py
+
+        mpi4py.rc.initialize = False
+        mpi4py.rc.finalize = False
+        from mpi4py import MPI  # noqa: F401
+        return
     from hpcddp.env import detect_launcher
     from hpcddp.env.netmod import apply_netmod
 

@@ -29,3 +29,12 @@ def test_fork_workers_after_init_are_not_refused(run_job):
     assert job.returncode == 0, job.output[-3000:]
     assert LINE not in job.stderr
     assert job.stdout.count("total=28") == 2
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_guarded_script_that_imports_every_package_runs_spawned_workers(run_job, method):
+    job = run_job(["tests/jobs/scripts/guarded_workers.py", method], n=2, timeout=120,
+                  env={"HPCDDP_TIMEOUT": "30"})
+    assert job.returncode == 0, job.output[-3000:]
+    assert LINE not in job.stderr
+    assert job.stdout.count("total=28") == 2
