@@ -32,6 +32,7 @@ from hpcddp.comm import activity, serial
 from hpcddp.comm.lifetime import Closable, free_comm
 from hpcddp.comm.topology import clone_comm
 from hpcddp.faults.abort import abort_job
+from hpcddp.faults.findings import others_there, rank_state, uneven_ranks
 from hpcddp.faults.report import describe_rank, different_said, ranks_said, wait_report_text
 from hpcddp.faults.suspects import silent_nodes, slow_nodes
 
@@ -251,68 +252,24 @@ class Watchdog(Closable):
         return [r for r in wait.channel.members if r != self.rank
                 and (r not in replies or replies[r]["channels"].get(name, (0, 0))[0] < wait.seq)]
 
-    # A report is found as data here (the JSON report's fields) and said in words from
-    # that data by hpcddp.faults.report.
+    # A report is found as data (the JSON report's fields: hpcddp.faults.findings) and
+    # said in words from that data by hpcddp.faults.report.
 
     def _state(self, rank: int, replies) -> dict:
-        """What ``rank``, which has not arrived, is doing."""
-        if rank in self.departed:
-            return {"state": "left"}
-        reply = replies.get(rank)
-        if reply is None:
-            return {"state": "silent" if self.threaded else "not asked", "node": self.hosts[rank],
-                    "asked_s": _ANSWER_SECONDS}
-        if reply["leaving"]:
-            return {"state": "leaving"}
-        if reply["waits"]:
-            return {"state": "waiting", "waits": [{"what": w["what"], "seconds": w["seconds"]}
-                                                  for w in reply["waits"]]}
-        last = reply["last"]
-        return {"state": "user code", "stack": reply["stack"],
-                "last": {"what": last[0], "channel": last[1], "seq": last[2]} if last else None}
-
-    def _uneven(self, missing, replies) -> List[dict]:
-        """Uneven inputs: ranks that stopped (left, or wait elsewhere) at another DDP step.
-
-        A rank in user code may just be slow, so it proves nothing.
-        """
-        mine = activity.snapshot(stack=False)["channels"]
-        found = []
-        for rank in missing:
-            note = self.departed.get(rank) or replies.get(rank)
-            if note is None or (rank not in self.departed and not note["waits"]):
-                continue
-            for name, (_, step) in mine.items():
-                theirs = note["channels"].get(name)
-                if name.startswith("DDP") and theirs is not None and theirs[1] != step:
-                    found.append({"rank": rank, "model": name, "step": theirs[1],
-                                  "this_step": step,
-                                  "state": "ended" if rank in self.departed else "waits"})
-        return found
+        return rank_state(rank, replies, self.departed, self.hosts[rank], self.threaded,
+                          _ANSWER_SECONDS)
 
     def _others_there(self, wait, replies) -> List[dict]:
-        """What the ranks that did reach ``wait``'s collective issued there, where it
-        differs: what they wait in, or what they completed and went past (an MPI may
-        match a rank's broadcast with another's allreduce)."""
-        if wait.channel is None:
-            return []
-        found = []
-        name, seq = wait.channel.name, wait.seq
-        for rank, reply in sorted(replies.items()):
-            there = [("waits", w["call"]) for w in reply["waits"]
-                     if (w["channel"], w["seq"]) == (name, seq)]
-            there = there or [("completed", call) for number, call
-                              in reply.get("recent", {}).get(name, ()) if number == seq]
-            found += [{"rank": rank, "call": call, "state": state}
-                      for state, call in there if call != wait.call]
-        return found
+        return others_there(wait.channel.name if wait.channel else None, wait.seq,
+                            wait.call, replies)
 
     def _report(self, wait, reason: str, replies, facts: dict):
         """The report of ``wait`` that cannot complete: (its text, its fields)."""
         missing = self._missing(wait, replies)
         nodes = len(set(self.hosts)) > 1 and self.threaded  # other nodes it can name
         different = self._others_there(wait, replies)
-        uneven = self._uneven(missing, replies)
+        uneven = uneven_ranks(missing, replies, self.departed,
+                              activity.snapshot(stack=False)["channels"])
         fix = ("give every rank the same number of batches, or wrap the training loop in "
                "`with model.join():`" if uneven else
                "set HPCDDP_DEBUG=detail to find where the ranks' collectives differ"
