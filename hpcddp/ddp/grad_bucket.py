@@ -15,7 +15,12 @@ from typing import List, Optional
 
 import torch
 
-__all__ = ["GradBucket"]
+__all__ = ["GradBucket", "is_view_of"]
+
+
+def is_view_of(grad: Optional[torch.Tensor], view: torch.Tensor) -> bool:
+    """Whether ``grad`` is ``view`` (a ``.grad`` made a view of its bucket)."""
+    return grad is not None and grad.data_ptr() == view.data_ptr() and grad.shape == view.shape
 
 
 class GradBucket:
@@ -131,6 +136,18 @@ class GradBucket:
             self.storage.copy_(result.reshape(-1))
         self.handle = None
         return self.storage
+
+    def copy_back(self, as_view: bool, globally_used=None) -> None:
+        """Leave the reduced values in each parameter's ``.grad`` (a view of the bucket
+        with ``as_view``); a parameter no rank used (``globally_used[index]`` 0) keeps
+        its ``.grad`` (None)."""
+        for index, param, view in zip(self.layout.params, self._params, self.views):
+            if globally_used is not None and not globally_used[index]:
+                continue
+            if param.grad is None:
+                param.grad = view if as_view else view.clone()
+            elif not is_view_of(param.grad, view):
+                param.grad.copy_(view)
 
     def release(self) -> None:
         """Let go of an adopted gradient (after its backward); back to the own buffer."""

@@ -24,6 +24,8 @@ from mpi4py import MPI
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from hpcddp.comm import activity
+from hpcddp.ddp.grad_bucket import GradBucket
+from hpcddp.ddp.sparse import allreduce_sparse
 from hpcddp.ddp.sync import broadcast_tensors
 
 __all__ = ["DDPJoinHook", "DDPJoinable", "agree_on_sync", "common_rank"]
@@ -87,6 +89,7 @@ class DDPJoinHook(JoinHook):
 
     def __init__(self, ddp):
         self.ddp = ddp
+        self._shadows = None  # made on first use: a rank that joins early shadows every step
 
     def main_hook(self) -> None:
         ddp = self.ddp
@@ -97,7 +100,36 @@ class DDPJoinHook(JoinHook):
             # The ranks still training rebuild the buckets (once) only in a forward that
             # syncs, after this agreement (module.forward): the same collectives, in order.
             ddp.reducer.prepare_for_forward()
-            ddp.reducer.shadow_backward()
+            self._shadow_backward(ddp.reducer)
+
+    def _shadow_backward(self, reducer) -> None:
+        """Mirror the collectives of a synchronized backward of the ranks still training:
+        every bucket through the hook with zeros, then the end-of-backward agreement.
+        ``.grad`` is left alone.
+
+        .. warning:: Collective, matching one synchronized backward elsewhere.
+        """
+        shadows = self._shadow_buckets(reducer)
+        reducer.begin_step()
+        for bucket in shadows:
+            bucket.storage.zero_()
+            bucket.start(reducer.hook)
+        reducer.agree(np.zeros(reducer.agreement_flags(), dtype=np.uint8), [], [], shadows)
+        reducer.transport.issue_all()
+        for bucket in shadows:
+            bucket.finish()
+        for index in reducer.sparse:
+            allreduce_sparse(reducer.comm, None, reducer.params[index], reducer.sparse_divisor())
+        reducer.schedule_rebuild()
+
+    def _shadow_buckets(self, reducer):
+        layouts = reducer.layouts
+        if self._shadows is None or [b.layout for b in self._shadows] != layouts:
+            self._shadows = [GradBucket(b, len(layouts), layout, reducer.params)
+                             for b, layout in enumerate(layouts)]
+            for bucket in self._shadows:
+                bucket.route = reducer.transport.route_for(bucket.storage)
+        return self._shadows
 
     def post_hook(self, is_last_joiner: bool) -> None:
         self.ddp._take_last_joiners_model(is_last_joiner)

@@ -30,17 +30,13 @@ from hpcddp.comm.progress_thread import ProgressPump
 from hpcddp.comm.thread_level import helper_threads_allowed
 from hpcddp.ddp.agreement import agree_on_flags, gone_wrong, raise_what_went_wrong
 from hpcddp.ddp.buckets import FIRST_BUCKET_BYTES, SOLO_BYTES, ParamSpec, assign_buckets
-from hpcddp.ddp.grad_bucket import GradBucket
+from hpcddp.ddp.grad_bucket import GradBucket, is_view_of
 from hpcddp.ddp.hooks import AllreduceMean, hook_for
 from hpcddp.ddp.sparse import allreduce_sparse
 from hpcddp.torch_compat import queue_backward_callback
 from hpcddp.transport import Transport
 
 __all__ = ["Reducer"]
-
-
-def _is_view_of(grad, view):
-    return grad is not None and grad.data_ptr() == view.data_ptr() and grad.shape == view.shape
 
 
 class Reducer:
@@ -108,7 +104,6 @@ class Reducer:
         self._backward_began = 0  # timeline.now() at this backward's first gradient
         self._used = np.zeros(len(self.params), dtype=np.uint8)
         self._twice: List[int] = []
-        self._shadows: Optional[List[GradBucket]] = None
         self._build(list(reversed(range(len(self.params)))))
         self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, i))
                        for i, p in enumerate(self.params)]
@@ -198,7 +193,7 @@ class Reducer:
         self.transport.end_backward()  # a backward that raised left it begun
         if not sync:
             return
-        self.transport.channel.begin_step()  # for the watchdog's report of uneven inputs
+        self.begin_step()
         self._used[:] = 0
         self._fires[:] = 0
         self._twice = []
@@ -213,6 +208,11 @@ class Reducer:
                     b, k = self._where[index]
                     self.buckets[b].views[k].zero_()
                     self.buckets[b].pending.discard(index)
+
+    def begin_step(self) -> None:
+        """Count a synchronized step on the gradient channel (the watchdog's report of
+        uneven inputs compares the ranks' steps)."""
+        self.transport.channel.begin_step()
 
     # -- backward ----------------------------------------------------------------------
 
@@ -250,7 +250,7 @@ class Reducer:
         b, k = self._where[index]
         bucket = self.buckets[b]
         bucket.fill(k, param.grad, self.hook.divisor)
-        if self.as_view and not _is_view_of(param.grad, bucket.views[k]):
+        if self.as_view and not is_view_of(param.grad, bucket.views[k]):
             param.grad = bucket.views[k]
         bucket.pending.discard(index)
         if not self._launch_ready():
@@ -307,10 +307,10 @@ class Reducer:
             # Without find_unused_parameters, a rank that missed a gradient never launches
             # that bucket; the others would wait on it forever. Agree first.
             flags = np.array([bool(missing), bool(self._twice)], dtype=np.uint8)
-        agreed = self._agree(flags, missing, self._twice, self.buckets)
+        agreed = self.agree(flags, missing, self._twice, self.buckets)
         self._wait_and_copy(globally_used=agreed[:-1] if self.find_unused else None)
         self._reduce_sparse()
-        self._schedule_rebuild()
+        self.schedule_rebuild()
         if self.timer is not None and began:
             self.timer(began)
 
@@ -318,7 +318,7 @@ class Reducer:
         for index in self.sparse:
             param = self.params[index]
             grad = param.grad if self._used[index] else None
-            param.grad = allreduce_sparse(self.comm, grad, param, self._sparse_divisor())
+            param.grad = allreduce_sparse(self.comm, grad, param, self.sparse_divisor())
 
     def set_divisor(self, ranks: int) -> None:
         """Average over ``ranks`` from now on (Join's ``divide_by_initial_world_size=False``
@@ -326,52 +326,29 @@ class Reducer:
         if isinstance(self.hook, AllreduceMean):
             self.hook.divisor = ranks
 
-    def _sparse_divisor(self) -> int:
+    def sparse_divisor(self) -> int:
+        """What a sparse gradient's sum is divided by."""
         # A torch-style hook never sees sparse gradients (torch reduces them apart too).
         return self.hook.divisor if isinstance(self.hook, AllreduceMean) else self.comm.size
 
-    def shadow_backward(self) -> None:
-        """Mirror, on a rank that has run out of data (``Join``), the collectives of a
-        synchronized backward of the ranks still training: every bucket through the hook
-        with zeros, then the end-of-backward agreement. ``.grad`` is left alone.
+    def agreement_flags(self) -> int:
+        """How many flags the end-of-backward agreement carries (``agree``)."""
+        return len(self.params) + 1 if self.find_unused else 2
 
-        .. warning:: Collective, matching one synchronized backward elsewhere.
-        """
-        shadows = self._shadow_buckets()
-        self.transport.channel.begin_step()
-        for bucket in shadows:
-            bucket.storage.zero_()
-            bucket.start(self.hook)
-        size = len(self.params) + 1 if self.find_unused else 2
-        self._agree(np.zeros(size, dtype=np.uint8), [], [], shadows)
-        self.transport.issue_all()
-        for bucket in shadows:
-            bucket.finish()
-        for index in self.sparse:
-            allreduce_sparse(self.comm, None, self.params[index], self._sparse_divisor())
-        self._schedule_rebuild()
-
-    def _shadow_buckets(self) -> List[GradBucket]:
-        # Made on first use and kept: a rank that joins early shadows every later step.
-        layouts = self.layouts
-        if self._shadows is None or [b.layout for b in self._shadows] != layouts:
-            self._shadows = [GradBucket(b, len(layouts), layout, self.params)
-                             for b, layout in enumerate(layouts)]
-            for bucket in self._shadows:
-                bucket.route = self.transport.route_for(bucket.storage)
-        return self._shadows
-
-    def _agree(self, flags, missing, twice, buckets) -> np.ndarray:
-        """The end-of-backward agreement (``agreement.py``); where any rank got a gradient
-        twice, or (without find_unused_parameters) none, complete every bucket so no
-        request is left unmatched, then raise on every rank."""
+    def agree(self, flags, missing, twice, buckets) -> np.ndarray:
+        """The end-of-backward agreement on ``flags`` (``agreement.py``); where any rank
+        got a gradient twice, or (without find_unused_parameters) none, complete every
+        bucket of ``buckets`` so no request is left unmatched, then raise on every rank.
+        Collective."""
         agreed = agree_on_flags(self.control, flags)
         if gone_wrong(agreed, self.find_unused):
             self._drain(missing, buckets)
             raise_what_went_wrong(self.control, self.names, agreed, missing, twice)
         return agreed
 
-    def _schedule_rebuild(self) -> None:
+    def schedule_rebuild(self) -> None:
+        """Lay the buckets out in the observed order at the next forward, once (after
+        the first iteration)."""
         if self._ready_order is not None:
             self._rebuild_order, self._ready_order = self._ready_order, None
 
@@ -382,19 +359,8 @@ class Reducer:
             with timeline.span(f"wait bucket {bucket.index()}", timeline.REDUCER):
                 bucket.finish()
             with timeline.span(f"copy back bucket {bucket.index()}", timeline.REDUCER):
-                self._copy_back(bucket, globally_used)
+                bucket.copy_back(self.as_view, globally_used)
             bucket.release()
-
-    def _copy_back(self, bucket, globally_used) -> None:
-        """Leave the reduced values in each parameter's ``.grad``."""
-        for index, view in zip(bucket.layout.params, bucket.views):
-            param = self.params[index]
-            if globally_used is not None and not globally_used[index]:
-                continue  # unused on every rank: .grad stays as it was (None)
-            if param.grad is None:
-                param.grad = view if self.as_view else view.clone()
-            elif not _is_view_of(param.grad, view):
-                param.grad.copy_(view)
 
     def _drain(self, missing, buckets) -> None:
         """Launch and complete every bucket so no request is left unmatched."""
