@@ -28,7 +28,7 @@ import os
 import socket
 import sys
 import time
-from typing import List
+from typing import Any, Callable, List, Tuple
 
 from mpi4py import MPI
 
@@ -37,10 +37,12 @@ from hpcddp.comm.ranks import ranks_text
 from hpcddp.faults.report import ranks_said, report_path
 from hpcddp.env import get_setting
 from hpcddp.faults.abort import abort_job
-from hpcddp.faults.failed import failed_nodes, is_process_failure, revoke_all, take_noted, ulfm_enabled
+from hpcddp.faults.failed import (armed_recovery, failed_nodes, is_process_failure, revoke_all,
+                                  take_noted, ulfm_enabled)
 from hpcddp.runtime import current_world, rejoin
 
-__all__ = ["RECOVERY_REPORT", "Recovery", "recoverable", "recover"]
+__all__ = ["RECOVERY_REPORT", "Recovery", "recover", "recoverable", "recovered",
+           "rejoin_survivors", "until_recovered"]
 
 RECOVERY_REPORT = "hpcddp-recovery-rank{rank}.json"  # beside HPCDDP_REPORT_DIR's reports
 
@@ -76,8 +78,10 @@ def _survivors(parent, shrunk) -> List[int]:
                                           parent.Get_group()))
 
 
-def recover(state, began: float) -> Recovery:
-    """Shrink to the survivors, rebuild hpcddp on them and restore the newest commit.
+def rejoin_survivors() -> Tuple[Any, Recovery]:
+    """Steps 1 to 4: shrink to the survivors, end the job below
+    ``HPCDDP_ELASTIC_MIN_RANKS``, rebuild hpcddp and every DDP on them. Returns the new
+    world and the recovery's facts so far (what was lost).
 
     .. warning:: Collective over the survivors (every one of them comes here).
     """
@@ -104,13 +108,43 @@ def recover(state, began: float) -> Recovery:
     world = rejoin(shrunk)
     for model in models:
         model._rejoin(world)
+    return world, facts
+
+
+def recovered(world, facts: Recovery, recoveries: List[Recovery], commit: int,
+              values: dict, began: float) -> Recovery:
+    """Step 6's report: ``facts`` completed with where training goes on (``commit``
+    and its ``values``) and the seconds since ``began``, appended to ``recoveries``, said
+    on stderr and written to ``HPCDDP_REPORT_DIR``."""
+    facts.update(rank=world.rank, commit=commit, values=values,
+                 seconds=round(time.monotonic() - began, 3), time=time.time())
+    recoveries.append(facts)
+    _tell(world, recoveries)
+    return facts
+
+
+def recover(state, began: float) -> Recovery:
+    """Shrink to the survivors, rebuild hpcddp on them and restore the newest commit of
+    ``state`` (an ``hpcddp.elastic.State``).
+
+    .. warning:: Collective over the survivors (every one of them comes here).
+    """
+    world, facts = rejoin_survivors()
     state.restore_newest()
     state.on_reset()
-    facts.update(rank=world.rank, commit=state.commits, values=state.values(),
-                 seconds=round(time.monotonic() - began, 3), time=time.time())
-    state.recoveries.append(facts)
-    _tell(world, state.recoveries)
-    return facts
+    return recovered(world, facts, state.recoveries, state.commits, state.values(), began)
+
+
+def until_recovered(attempt: Callable[[], Any]) -> Any:
+    """``attempt()``, a recovery, made again while ranks die during it (each time one
+    more shrink, of the last one's communicator); its result."""
+    while True:
+        try:
+            with armed_recovery():
+                return attempt()
+        except Exception as error:  # noqa: BLE001 - only a process failure is taken
+            if not recoverable(error, recovering=True):
+                raise
 
 
 def _tell(world, recoveries: List[Recovery]) -> None:

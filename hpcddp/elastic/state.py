@@ -23,7 +23,7 @@ import torch
 from hpcddp import checkpoint
 from hpcddp.checkpoint.rng import capture_rng, restore_rng
 from hpcddp.comm import activity
-from hpcddp.elastic.recovery import recover, recoverable
+from hpcddp.elastic.recovery import recover, recoverable, until_recovered
 from hpcddp.faults.failed import armed_recovery
 from hpcddp.runtime import get_world
 
@@ -263,13 +263,5 @@ def run(fn: Callable) -> Callable:
 
 
 def _recover_until_done(state: State) -> None:
-    """``recover``, again while ranks die during it."""
     began = time.monotonic()
-    while True:
-        try:
-            with armed_recovery():
-                recover(state, began)
-            return
-        except Exception as error:  # noqa: BLE001 - only a process failure is taken
-            if not recoverable(error, recovering=True):
-                raise
+    until_recovered(lambda: recover(state, began))

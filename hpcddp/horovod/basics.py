@@ -162,6 +162,16 @@ def shutdown() -> None:
         engine.close()
 
 
+def abandon() -> None:
+    """Let the engine go without a collective (a recovery inside the job: its
+    communicators are revoked); ``init()`` on the rebuilt world starts a new one."""
+    with _state.lock:
+        engine, _state.engine = _state.engine, None
+    if engine is not None:
+        _sets.stop()
+        engine.abandon()
+
+
 def is_initialized() -> bool:
     """Whether Horovod runs (``init()`` called, ``shutdown()`` not)."""
     return _state.engine is not None

@@ -17,21 +17,34 @@ loop under ``@hvd.elastic.run``:
 ``run`` first makes every rank's state rank 0's (``sync``), then calls the function. A
 ``HostsUpdatedInterrupt`` raised in it (by the script: this job's hosts never change)
 restarts the engine and the function after the state's reset callbacks, as Horovod does.
-A ``HorovodInternalError`` (an operation that failed) restores the last commit and is
-raised: at a fixed size no rank leaves and comes back, so running the function again
-would meet the same failure. ``commit()`` saves the state in memory and asks every rank,
-collectively, whether the hosts changed; here they never have.
+``commit()`` saves the state in memory and asks every rank, collectively, whether the
+hosts changed; here they never have.
+
+A ``HorovodInternalError`` (an operation that failed) restores the last commit. Where
+the MPI has ULFM (Open MPI 5 under ``mpirun --with-ft ulfm``) and the failure is a rank
+that died, the survivors go on in the same job, as Horovod's elastic mode does after
+``horovodrun`` drops a host: hpcddp shrinks the job to them and rebuilds itself
+(``hpcddp.elastic.recovery``), the engine starts again on the survivors (the global
+process set only), the reset callbacks run, every rank takes the new rank 0's restored
+state, and the function is called again; ``state.recoveries`` lists each recovery.
+Elsewhere the error is raised: no rank leaves and comes back at a fixed size, so running
+the function again would meet the same failure.
 """
 
 import copy
 import functools
 import math
+import numbers
 import random
+import time
 from typing import Callable, Dict, List
 
 import torch
+from mpi4py import MPI
 
+from hpcddp.elastic.recovery import recoverable, recovered, rejoin_survivors, until_recovered
 from hpcddp.elastic.state import copy_into, fresh_copy
+from hpcddp.faults.failed import armed_recovery
 from hpcddp.horovod import basics
 from hpcddp.horovod.common import HorovodInternalError, HostsUpdatedInterrupt
 from hpcddp.horovod.functions import (broadcast_object, broadcast_optimizer_state,
@@ -53,6 +66,8 @@ class State:
         self._bcast_object, self._rank = bcast_object, get_rank
         self._reset_callbacks: List[Callable] = []
         self._hosts_seen = 0  # the job's host list's version: never changes here
+        self.commits = 0
+        self.recoveries: List[dict] = []  # one report per recovery inside the job (ULFM)
 
     def register_reset_callbacks(self, callbacks) -> None:
         """Functions called after each reset (a worker added or removed)."""
@@ -69,6 +84,7 @@ class State:
         .. warning:: Collective.
         """
         self.save()
+        self.commits += 1
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
@@ -94,6 +110,10 @@ class State:
     def reset(self) -> None:
         """Called on each reset, before the callbacks and the sync."""
 
+    def values(self) -> Dict[str, object]:
+        """The plain numbers and names kept (a recovery's report says them)."""
+        return {}
+
 
 class ObjectState(State):
     """Picklable values, given as keyword arguments and kept as attributes."""
@@ -115,6 +135,10 @@ class ObjectState(State):
         if self._saved:
             self._saved = self._bcast_object(self._saved)
             self._set_values()
+
+    def values(self) -> Dict[str, object]:
+        return {name: value for name, value in self._saved.items()
+                if isinstance(value, (numbers.Number, str))}
 
     def _set_values(self) -> None:
         for name, value in self._saved.items():
@@ -267,22 +291,45 @@ def _restart_engine() -> None:
     basics.init()
 
 
+def _recover(state: State, began: float) -> None:
+    """One recovery attempt: each survivor back at its last commit, hpcddp and the
+    engine rebuilt on the survivors. The reset callbacks and the sync follow in ``run``,
+    where a rank that dies during them costs another recovery."""
+    state.restore()
+    basics.abandon()
+    world, facts = rejoin_survivors()
+    basics.init()
+    recovered(world, facts, state.recoveries, state.commits, state.values(), began)
+
+
+def _process_failure(error: BaseException) -> bool:
+    return isinstance(error, (HorovodInternalError, MPI.Exception)) and recoverable(error)
+
+
 def run(func: Callable) -> Callable:
     """Run ``func(state, ...)`` from rank 0's state; see the module's docstring."""
 
     @functools.wraps(func)
     def wrapper(state: State, *args, **kwargs):
-        skip_sync = False
+        skip_sync = reset = False
         while True:
-            if not skip_sync:
-                state.sync()
             try:
-                return func(state, *args, **kwargs)
-            except HorovodInternalError:
-                state.restore()
-                raise
+                with armed_recovery():
+                    if reset:
+                        state.on_reset()
+                    if not skip_sync:
+                        state.sync()
+                    return func(state, *args, **kwargs)
             except HostsUpdatedInterrupt as interrupt:
                 skip_sync = interrupt.skip_sync
-            _restart_engine()
-            state.on_reset()
+                _restart_engine()
+            except Exception as error:  # noqa: BLE001 - a rank's death is recovered from
+                if not _process_failure(error):
+                    if isinstance(error, HorovodInternalError):
+                        state.restore()
+                    raise
+                began = time.monotonic()
+                until_recovered(lambda: _recover(state, began))
+                skip_sync = False
+            reset = True
     return wrapper

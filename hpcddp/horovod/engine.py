@@ -38,7 +38,7 @@ import logging
 from collections import deque
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from mpi4py import MPI
 
@@ -47,7 +47,8 @@ from hpcddp.comm import activity, serial
 from hpcddp.horovod import lanes
 from hpcddp.horovod.lanes import TensorLanes
 from hpcddp.horovod.coordinator import Table, take_messages
-from hpcddp.horovod.requests import Entry, ProcessSetInfo, Request, zeros_entry
+from hpcddp.horovod.requests import Entry, Request, zeros_entry
+from hpcddp.horovod.set_registry import SetRegistry
 from hpcddp.horovod.settings import number
 
 __all__ = ["Engine"]
@@ -68,11 +69,10 @@ class Engine:
         self.rank, self.size = world.rank, world.size
         self.fusion_bytes = int(number("HOROVOD_FUSION_THRESHOLD", 128 * 1024 * 1024))
         self._negotiation = world.comm.Dup()   # requests and responses only, never data
-        self._sets: Dict[int, ProcessSetInfo] = {}
-        self._next_set = 0
+        self.sets = SetRegistry(world, Executor)  # process sets, by id
+        self._sets = self.sets.infos
         self._handles = itertools.count(1)
         self._unnamed: Dict[Tuple[int, str], int] = {}
-        self._make_executor = Executor
         self._cond = threading.Condition()
         self._queued: List[Entry] = []          # submitted, not yet sent
         self._inflight: Dict[Tuple[int, str], Entry] = {}
@@ -90,7 +90,7 @@ class Engine:
         self._posted = False    # _step is posted on the MPI thread
         self._stopped = False   # closed or failed: _step does nothing more
         self._failure: Optional[BaseException] = None
-        self.add_set(list(range(self.size)))    # the global set, id 0
+        self.sets.add(list(range(self.size)))   # the global set, id 0
         self._ticker: Optional[threading.Thread] = None
         self._tick_stop = threading.Event()
         if self.rank == 0:
@@ -98,55 +98,13 @@ class Engine:
                                             daemon=True)
             self._ticker.start()
 
-    # -- process sets (collective over the job) ------------------------------------------
-
-    def add_set(self, ranks: Sequence[int]) -> int:
-        """Set up a process set of Horovod ``ranks`` and return its id. Collective."""
-        ranks = sorted(ranks)
-        bad = [r for r in ranks if not 0 <= r < self.size]
-        if bad or len(set(ranks)) != len(ranks):
-            raise ValueError(f"process set {ranks}: ranks must be distinct Horovod ranks "
-                             f"0..{self.size - 1}")
-        member = self.rank in ranks
-        with activity.named(f"hvd: setting up process set {ranks}"):
-            comm = self.world.comm.Split(0 if member else MPI.UNDEFINED, self.rank)
-        set_id = self._next_set
-        self._next_set += 1
-        executor = self._make_executor(comm, self.world, ranks) if member else None
-        self._sets[set_id] = ProcessSetInfo(set_id, ranks, ranks.index(self.rank)
-                                            if member else None, executor)
-        return set_id
-
-    def remove_set(self, set_id: int) -> bool:
-        """Remove a process set; False where there is none of that id. Collective."""
-        # Every rank first: the coordinator must keep the set until no rank has an
-        # operation of it left (a member may still be in one as another rank gets here).
-        with activity.named("hvd: removing a process set"):
-            self.world.comm.Barrier()
-        info = self._sets.pop(set_id, None)
-        if info is None:
-            return False
-        if info.executor is not None:
-            info.executor.close()
-        return True
-
-    def find_set(self, ranks: Sequence[int]) -> Optional[int]:
-        ranks = sorted(ranks)
-        return next((i for i, s in self._sets.items() if s.ranks == ranks), None)
-
-    def process_set(self, set_id: int) -> ProcessSetInfo:
-        info = self._sets.get(set_id)
-        if info is None:
-            raise ValueError("Process set does not exist or has not been registered.")
-        return info
-
     # -- the caller's side ---------------------------------------------------------------
 
     def submit(self, request: Request, tensor=None, output=None,
                finish: Optional[Callable] = None) -> int:
         """Start an operation; its handle. ``ValueError`` at once for a name already in
         flight here, or a process set this rank is not in."""
-        info = self.process_set(request.set_id)
+        info = self.sets.get(request.set_id)
         if info.rank is None:
             raise ValueError(f"hvd: {request.kind} {request.name!r} on process set "
                              f"{info.ranks}, which does not include this process "
@@ -285,7 +243,7 @@ class Engine:
     def _coordinate(self, requests: List[Request]) -> list:
         responses = self._table.take(requests)
         # Who takes each response is read before any is sent: once a set without rank 0
-        # has its last response, its ranks may finish and remove it (remove_set).
+        # has its last response, its ranks may finish and remove it (SetRegistry.remove).
         per_rank: Dict[int, list] = {}
         own = []
         for response in responses:
@@ -353,6 +311,8 @@ class Engine:
 
         failure = error if isinstance(error, HorovodInternalError) else \
             HorovodInternalError(f"hvd: the engine on rank {self.rank} stopped: {error!r}")
+        if failure is not error:
+            failure.__cause__ = error  # what it was: a process failure, under ULFM
         with self._cond:
             self._failure = failure
             self._stopped = True
@@ -387,12 +347,19 @@ class Engine:
         self._stopped = True
         if self._inflight:
             self._fail(ValueError("Horovod is shutting down."))
-        for info in self._sets.values():
-            if info.executor is not None:
-                info.executor.close()
-        self._sets.clear()
+        self.sets.close()
         serial.call(lambda: [MPI.Request.Wait(r) for r in self._sends])
         self._negotiation.Free()
+
+
+    def abandon(self) -> None:
+        """Stop without a collective or a wait (a recovery: the ranks it waits for are
+        dead, its communicators revoked): every operation in flight fails, the
+        coordinator's ticker stops, nothing is freed."""
+        self._fail(ValueError("Horovod was reset after a process failure."))
+        self._tick_stop.set()
+        if self._ticker is not None and self._ticker is not threading.current_thread():
+            self._ticker.join(timeout=1.0)
 
 
 def _end_job(error: BaseException) -> None:

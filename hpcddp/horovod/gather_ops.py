@@ -60,7 +60,7 @@ class _Allgather(torch.autograd.Function):
         reduced = allreduce(grad.contiguous(), op=Average, process_set=ctx.process_set)
         rows = allgather(torch.tensor([ctx.rows], dtype=torch.int64),
                          process_set=ctx.process_set)
-        me = basics.engine().process_set(_set_id(ctx.process_set)).rank
+        me = basics.engine().sets.get(_set_id(ctx.process_set)).rank
         offset = int(rows[:me].sum())
         return reduced.narrow(0, offset, ctx.rows), None, None
 
@@ -83,7 +83,7 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 
 
 def _broadcast_async(tensor, output, root_rank, name, process_set) -> int:
-    ranks = basics.engine().process_set(_set_id(process_set)).ranks
+    ranks = basics.engine().sets.get(_set_id(process_set)).ranks
     if root_rank not in ranks:
         raise ValueError(f"hvd.broadcast: root_rank={root_rank} is not a rank of the process "
                          f"set {ranks}; give a Horovod rank within it")

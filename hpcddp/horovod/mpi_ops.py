@@ -222,7 +222,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 
 
 def _set_size(process_set) -> int:
-    return len(basics.engine().process_set(_set_id(process_set)).ranks)
+    return len(basics.engine().sets.get(_set_id(process_set)).ranks)
 
 
 # -- handles -----------------------------------------------------------------------------

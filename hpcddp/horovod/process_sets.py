@@ -66,14 +66,14 @@ class ProcessSet:
         """The number of processes in the set; None until it is set up."""
         if self.process_set_id is None:
             return None
-        return len(_require().process_set(self.process_set_id).ranks)
+        return len(_require().sets.get(self.process_set_id).ranks)
 
     def rank(self) -> Optional[int]:
         """This process's rank within the set; None until it is set up; ``ValueError``
         on a process outside it."""
         if self.process_set_id is None:
             return None
-        found = _require().process_set(self.process_set_id)
+        found = _require().sets.get(self.process_set_id)
         if found.rank is None:
             raise ValueError("Process is not part of provided process set.")
         return found.rank
@@ -129,7 +129,7 @@ def start(engine, sets: List[ProcessSet]) -> None:
             raise ValueError(f"Horovod could not be initialized because process_sets entry "
                              f"number {k} is a duplicate: {ps}")
         known.add(key)
-        ps.process_set_id = engine.add_set(ps.ranks)
+        ps.process_set_id = engine.sets.add(ps.ranks)
 
 
 def stop() -> None:
@@ -156,9 +156,9 @@ def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet
     if not _dynamic():
         raise ValueError("Set HOROVOD_DYNAMIC_PROCESS_SETS=1 to allow adding process sets "
                          "after Horovod initialization.")
-    if engine.find_set(process_set.ranks) is not None:
+    if engine.sets.find(process_set.ranks) is not None:
         raise ValueError(f"Attempted to add a duplicate process set: {process_set}")
-    process_set.process_set_id = engine.add_set(process_set.ranks)
+    process_set.process_set_id = engine.sets.add(process_set.ranks)
     return process_set
 
 
@@ -175,4 +175,4 @@ def remove_process_set(process_set: ProcessSet) -> bool:
         raise ValueError("Set HOROVOD_DYNAMIC_PROCESS_SETS=1 to allow removing process sets "
                          "after Horovod initialization.")
     process_set._invalidate()
-    return engine.remove_set(set_id)
+    return engine.sets.remove(set_id)

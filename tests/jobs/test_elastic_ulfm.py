@@ -93,3 +93,60 @@ def test_below_the_minimum_size_the_job_ends_and_names_the_dead_rank(tmp_path):
         assert (report["kind"], report["failed_ranks"], report["setting"]) == \
             ("process_failed", [1], "HPCDDP_ELASTIC_MIN_RANKS")
         assert "rank 1 died and 2 ranks are left" in report["message"], report["message"]
+
+
+HOROVOD_SCRIPT = ROOT / "tests/jobs/scripts/horovod_elastic_train.py"
+
+
+def _run_horovod(tmp_path, n, env=None):
+    out, reports = tmp_path / "params.json", tmp_path / "reports"
+    command = [*mpiexec(), "--with-ft", "ulfm", "-n", str(n), sys.executable,
+               str(HOROVOD_SCRIPT), str(out), str(TOTAL), str(KILL_AT)]
+    # The program imports horovod.torch: the alias, as `python -m hpcddp.horovod
+    # install-alias` puts it (test_horovod_alias.py installs it for real).
+    env = dict(ENV, HPCDDP_REPORT_DIR=str(reports), PYTHONPATH=str(ROOT / "hpcddp/horovod/alias"),
+               **(env or {}))
+    job = run_command(command, env=env, timeout=120, cwd=ROOT)
+    assert not job.timed_out, job.output[-3000:]
+    return job, out, reports
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_a_horovod_elastic_program_goes_on_without_the_killed_rank(tmp_path, n):
+    job, out, reports = _run_horovod(tmp_path, n)
+    assert job.returncode == 0, job.output[-4000:]
+    for rank in range(n - 1):
+        assert f"rank {rank} of {n - 1} goes on at step 6" in job.stdout, job.output[-3000:]
+        assert f"rank {rank} finished at step {TOTAL}, resets at sizes [{n - 1}]" in \
+            job.stdout, job.output[-3000:]
+    assert f"hpcddp: rank 1 of {n} died" in job.stderr, job.stderr[-3000:]
+    assert read_reports(reports) == {}, reports_said(reports)
+    recoveries = _recoveries(reports)
+    assert sorted(recoveries) == list(range(n - 1)), recoveries
+    for rank, (done,) in recoveries.items():
+        assert (done["lost_ranks"], done["size_before"], done["size_after"]) == ([1], n, n - 1)
+        assert (done["commit"], done["values"]) == (2, {"step": 6})
+    for ours, one in zip(json.loads(out.read_text()),
+                         elastic_reference(TOTAL, zero_step_first=True)):
+        torch.testing.assert_close(torch.tensor(ours), one, rtol=1e-5, atol=1e-6)
+
+
+def test_a_horovod_rank_that_dies_in_the_reset_callback_costs_a_second_recovery(tmp_path):
+    # Of 4 ranks, rank 1 dies mid-backward; then, in the reset callback after the first
+    # recovery, the survivors' rank 2 dies: the sync that follows costs a second one.
+    job, out, reports = _run_horovod(tmp_path, 4, env={"ELASTIC_KILL_IN_RESET": "2"})
+    assert job.returncode == 0, job.output[-4000:]
+    for rank in range(2):
+        assert f"rank {rank} of 2 goes on at step 6" in job.stdout, job.output[-3000:]
+        assert f"rank {rank} finished at step {TOTAL}, resets at sizes [3, 2]" in \
+            job.stdout, job.output[-3000:]
+    recoveries = _recoveries(reports)
+    # Rank 2 of the three wrote its report of the first recovery before it died.
+    assert sorted(recoveries) == [0, 1, 2] and len(recoveries.pop(2)) == 1, recoveries
+    for first, second in recoveries.values():
+        assert (first["size_before"], first["size_after"]) == (4, 3)
+        assert (second["lost_ranks"], second["size_before"], second["size_after"]) == \
+            ([2], 3, 2)
+    for ours, one in zip(json.loads(out.read_text()),
+                         elastic_reference(TOTAL, zero_step_first=True)):
+        torch.testing.assert_close(torch.tensor(ours), one, rtol=1e-5, atol=1e-6)
