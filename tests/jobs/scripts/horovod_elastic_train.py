@@ -13,13 +13,16 @@ first sync, as Horovod's ``broadcast_optimizer_state`` does). The state is commi
 every 3 steps. With KILL_AT, rank 1 kills itself with SIGKILL during that step's
 backward, while the other ranks' gradient allreduces are in flight.
 ``ELASTIC_KILL_IN_RESET=R``: rank R of the survivors kills itself in the reset callback
-that follows the first recovery. Rank 0 writes the final parameters to OUT.
+that follows the first recovery. ``ELASTIC_TIMES=1``: the dying rank prints when it
+dies, and each rank when it completes its first step after a start or a recovery (Unix
+time; for benchmarks/bench_recovery.py). Rank 0 writes the final parameters to OUT.
 """
 
 import json
 import os
 import signal
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +42,7 @@ def main():
     out, total = sys.argv[1], int(sys.argv[2])
     kill_at = int(sys.argv[3]) if len(sys.argv) > 3 else None
     kill_in_reset = os.environ.get("ELASTIC_KILL_IN_RESET")
+    times = os.environ.get("ELASTIC_TIMES") == "1"
     torch.set_num_threads(1)
     hvd.init()
     torch.manual_seed(0)
@@ -57,6 +61,8 @@ def main():
     state.register_reset_callbacks([on_reset])
 
     def die(grad):
+        if times:
+            print(f"dies at {time.time():.6f}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
     @hvd.elastic.run
@@ -65,6 +71,7 @@ def main():
         if state.recoveries:
             print(f"rank {rank} of {size} goes on at step {state.step}", flush=True)
         share = GLOBAL // size
+        first = True
         while state.step < total:
             x, y = batch(state.step)
             mine = slice(rank * share, (rank + 1) * share)
@@ -73,6 +80,9 @@ def main():
             optimizer.zero_grad()
             F.mse_loss(model(x[mine]), y[mine]).backward()
             optimizer.step()
+            if times and first:
+                print(f"rank {rank} of {size}: first step at {time.time():.6f}", flush=True)
+                first = False
             state.step += 1
             if state.step % 3 == 0:
                 state.commit()
