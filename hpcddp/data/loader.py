@@ -107,6 +107,7 @@ class ShardedLoader(Closable):
                  locking: bool = False, swmr: bool = False, max_open_files: int = 64,
                  transform=None, batch_transform=None, collate_fn=None, num_workers: int = 0,
                  worker_context: str = "spawn", comm=None):
+        self._on_world = comm is None  # follows the world as a recovery shrinks it
         if comm is None:
             from hpcddp.runtime import get_world
             comm = get_world().comm
@@ -358,6 +359,27 @@ class ShardedLoader(Closable):
         self._finished = True
 
     _what = "ShardedLoader"
+
+    def _rejoin(self, world) -> None:
+        """Deal the samples over ``world``, the survivors after ``hpcddp.elastic`` shrank
+        the job: the state the recovery restores next was saved at the old size, so the
+        rest of its epoch is dealt out anew among them, each sample still seen once
+        (``load_state_dict``)."""
+        if not self._on_world or self.backend == "mpio":
+            raise RuntimeError(
+                "hpcddp.elastic: a ShardedLoader on a communicator of its own (comm=) or "
+                "reading through MPI-IO (backend='mpio') cannot follow the job as it "
+                "shrinks; leave comm unset and choose backend='h5py' or 'memmap', or make "
+                "the loader inside the function `run` calls")
+        self.comm = world.comm
+        self.num_replicas, self.rank = world.size, world.rank
+        self._finished = False
+        self._opened()
+
+    def _abandon(self) -> None:
+        if self._prefetcher is not None:  # the iteration under way is over
+            self._prefetcher.stop()
+            self._prefetcher = None
 
     def _release(self) -> None:
         # An iteration left unfinished still has its thread reading: stop it first.

@@ -13,7 +13,9 @@ wherever it waits, gets an error and comes here. Then, on each survivor:
 3. hpcddp's world is let go of without a collective (its helper threads stopped, its
    communicators left revoked) and made again on the survivors (``runtime.rejoin``):
    nodes, threads, reductions, the watchdog, torch's default group.
-4. Each ``DistributedDataParallel`` builds its communicators and buckets again.
+4. Each ``DistributedDataParallel`` builds its communicators and buckets again; each
+   ``ShardedLoader`` deals its samples over the survivors (anything hpcddp opened that
+   has a ``_rejoin`` follows the new world).
 5. The state goes back to the newest commit any survivor holds: each restores its own
    last commit, and the lowest rank holding the newest one gives it to the others. (A
    rank may have committed a step whose collectives completed there but failed on

@@ -150,3 +150,33 @@ def test_a_horovod_rank_that_dies_in_the_reset_callback_costs_a_second_recovery(
     for ours, one in zip(json.loads(out.read_text()),
                          elastic_reference(TOTAL, zero_step_first=True)):
         torch.testing.assert_close(torch.tensor(ours), one, rtol=1e-5, atol=1e-6)
+
+
+def test_a_sharded_loader_made_before_run_deals_the_rest_of_the_epoch_to_the_survivors(
+        tmp_path):
+    # 48 samples, one per rank and step: 4 ranks take 4 a step. Commits at steps 3, 6;
+    # rank 1 dies at step 7, so the survivors go on from step 6 (24 samples taken) and
+    # deal the other 24 among 3 ranks: 8 more steps.
+    import h5py
+    import numpy as np
+    data, record = tmp_path / "data.h5", tmp_path / "taken"
+    with h5py.File(data, "w") as f:
+        f["x"] = np.arange(48, dtype=np.float32).reshape(48, 1)
+    command = [*mpiexec(), "--with-ft", "ulfm", "-n", "4", sys.executable,
+               str(ROOT / "tests/jobs/scripts/elastic_loader.py"), str(data), str(record), "7"]
+    job = run_command(command, env=ENV, timeout=120, cwd=ROOT)
+    assert not job.timed_out and job.returncode == 0, job.output[-4000:]
+    for rank in range(3):
+        assert f"rank {rank} of 3 finished at step 14" in job.stdout, job.output[-3000:]
+    lines = [json.loads(line) for path in sorted(tmp_path.glob("taken.*"))
+             for line in path.read_text().splitlines()]
+    # What counts: the steps before the commit resumed from, and those after the recovery.
+    kept = [line for line in lines if (line["recoveries"], line["size"]) == (1, 3)
+            or (line["recoveries"] == 0 and line["step"] < 6)]
+    taken = sorted(i for line in kept for i in line["taken"])
+    assert taken == list(range(48)), taken  # every sample of the epoch once
+    # Before the fault, rank 0's share is torch's DistributedSampler's.
+    order = list(torch.utils.data.DistributedSampler(range(48), num_replicas=4, rank=0,
+                                                     shuffle=True, seed=3))
+    rank0 = [json.loads(line) for line in (tmp_path / "taken.0").read_text().splitlines()]
+    assert [line["taken"][0] for line in rank0 if line["recoveries"] == 0][:6] == order[:6]
