@@ -13,7 +13,7 @@ import pytest
 import torch
 from jobs_util import ROOT, mpi_flavour, mpiexec, run_command
 from reports import read_reports, reports_said
-from elastic_reference import elastic_reference
+from elastic_reference import SAMPLES, elastic_reference, sampler_reference
 from test_elastic_resume import KILL_AT, SCRIPT, TOTAL
 
 pytestmark = pytest.mark.skipif(
@@ -101,7 +101,7 @@ HOROVOD_SCRIPT = ROOT / "tests/jobs/scripts/horovod_elastic_train.py"
 def _run_horovod(tmp_path, n, env=None):
     out, reports = tmp_path / "params.json", tmp_path / "reports"
     command = [*mpiexec(), "--with-ft", "ulfm", "-n", str(n), sys.executable,
-               str(HOROVOD_SCRIPT), str(out), str(TOTAL), str(KILL_AT)]
+               str(HOROVOD_SCRIPT), str(out), str(KILL_AT)]
     # The program imports horovod.torch: the alias, as `python -m hpcddp.horovod
     # install-alias` puts it (test_horovod_alias.py installs it for real).
     env = dict(ENV, HPCDDP_REPORT_DIR=str(reports), PYTHONPATH=str(ROOT / "hpcddp/horovod/alias"),
@@ -113,11 +113,14 @@ def _run_horovod(tmp_path, n, env=None):
 
 @pytest.mark.parametrize("n", [3, 4])
 def test_a_horovod_elastic_program_goes_on_without_the_killed_rank(tmp_path, n):
+    # One row per rank and step of 48, commits every 3 steps; rank 1 dies in step 8's
+    # backward: the survivors go on from step 6, the sampler dealing the rows left.
     job, out, reports = _run_horovod(tmp_path, n)
     assert job.returncode == 0, job.output[-4000:]
+    steps = 6 + (SAMPLES - 6 * n) // (n - 1)
     for rank in range(n - 1):
         assert f"rank {rank} of {n - 1} goes on at step 6" in job.stdout, job.output[-3000:]
-        assert f"rank {rank} finished at step {TOTAL}, resets at sizes [{n - 1}]" in \
+        assert f"rank {rank} finished at step {steps}, resets at sizes [{n - 1}]" in \
             job.stdout, job.output[-3000:]
     assert f"hpcddp: rank 1 of {n} died" in job.stderr, job.stderr[-3000:]
     assert read_reports(reports) == {}, reports_said(reports)
@@ -126,8 +129,7 @@ def test_a_horovod_elastic_program_goes_on_without_the_killed_rank(tmp_path, n):
     for rank, (done,) in recoveries.items():
         assert (done["lost_ranks"], done["size_before"], done["size_after"]) == ([1], n, n - 1)
         assert (done["commit"], done["values"]) == (2, {"step": 6})
-    for ours, one in zip(json.loads(out.read_text()),
-                         elastic_reference(TOTAL, zero_step_first=True)):
+    for ours, one in zip(json.loads(out.read_text()), sampler_reference(n, n - 1)):
         torch.testing.assert_close(torch.tensor(ours), one, rtol=1e-5, atol=1e-6)
 
 
@@ -138,7 +140,7 @@ def test_a_horovod_rank_that_dies_in_the_reset_callback_costs_a_second_recovery(
     assert job.returncode == 0, job.output[-4000:]
     for rank in range(2):
         assert f"rank {rank} of 2 goes on at step 6" in job.stdout, job.output[-3000:]
-        assert f"rank {rank} finished at step {TOTAL}, resets at sizes [3, 2]" in \
+        assert f"rank {rank} finished at step {6 + (SAMPLES - 24) // 2}, resets at sizes [3, 2]" in \
             job.stdout, job.output[-3000:]
     recoveries = _recoveries(reports)
     # Rank 2 of the three wrote its report of the first recovery before it died.
@@ -147,8 +149,7 @@ def test_a_horovod_rank_that_dies_in_the_reset_callback_costs_a_second_recovery(
         assert (first["size_before"], first["size_after"]) == (4, 3)
         assert (second["lost_ranks"], second["size_before"], second["size_after"]) == \
             ([2], 3, 2)
-    for ours, one in zip(json.loads(out.read_text()),
-                         elastic_reference(TOTAL, zero_step_first=True)):
+    for ours, one in zip(json.loads(out.read_text()), sampler_reference(4, 2)):
         torch.testing.assert_close(torch.tensor(ours), one, rtol=1e-5, atol=1e-6)
 
 
