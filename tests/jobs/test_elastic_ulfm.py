@@ -111,7 +111,7 @@ def _run_horovod(tmp_path, n, env=None):
     return job, out, reports
 
 
-@pytest.mark.parametrize("n", [3, 4])
+@pytest.mark.parametrize("n", [4])  # 3 ranks: the DDP program's case above
 def test_a_horovod_elastic_program_goes_on_without_the_killed_rank(tmp_path, n):
     # One row per rank and step of 48, commits every 3 steps; rank 1 dies in step 8's
     # backward: the survivors go on from step 6, the sampler dealing the rows left.
