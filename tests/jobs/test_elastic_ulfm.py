@@ -33,6 +33,21 @@ def _run(tmp_path, n, env=None):
     return job, out, reports
 
 
+def _assert_trained_as(out, reference):
+    """The parameters rank 0 wrote to ``out`` are ``reference``'s."""
+    for ours, one in zip(json.loads(out.read_text()), reference):
+        torch.testing.assert_close(torch.tensor(ours), one, rtol=1e-5, atol=1e-6)
+
+
+def _assert_two_in_turn(recoveries):
+    """Each survivor's report: rank 1 lost of 4, then rank 2 of the 3, from commit 2."""
+    for first, second in recoveries.values():
+        assert (first["lost_ranks"], first["size_before"], first["size_after"]) == ([1], 4, 3)
+        assert (second["lost_ranks"], second["size_before"], second["size_after"]) == \
+            ([2], 3, 2)
+        assert second["commit"] == 2
+
+
 def _recoveries(folder):
     found = {}
     for path in sorted(folder.glob("hpcddp-recovery-rank*.json")):
@@ -60,8 +75,7 @@ def test_a_killed_rank_costs_a_recovery_not_the_job(tmp_path, n):
         assert done["lost_nodes"] == [{"node": done["lost_nodes"][0]["node"], "ranks": [1]}]
         assert (done["commit"], done["values"]) == (2, {"step": 6})
         assert done["rank_before"] == before[rank]
-    for ours, one in zip(json.loads(out.read_text()), elastic_reference(TOTAL)):
-        torch.testing.assert_close(torch.tensor(ours), one, rtol=1e-5, atol=1e-6)
+    _assert_trained_as(out, elastic_reference(TOTAL))
 
 
 def test_a_rank_that_dies_during_the_recovery_costs_a_second_one(tmp_path):
@@ -74,13 +88,8 @@ def test_a_rank_that_dies_during_the_recovery_costs_a_second_one(tmp_path):
         assert f"rank {rank} finished at step {TOTAL}" in job.stdout, job.output[-3000:]
     recoveries = _recoveries(reports)
     assert sorted(recoveries) == [0, 1], recoveries
-    for first, second in recoveries.values():
-        assert (first["lost_ranks"], first["size_before"], first["size_after"]) == ([1], 4, 3)
-        assert (second["lost_ranks"], second["size_before"], second["size_after"]) == \
-            ([2], 3, 2)
-        assert second["commit"] == 2
-    for ours, one in zip(json.loads(out.read_text()), elastic_reference(TOTAL)):
-        torch.testing.assert_close(torch.tensor(ours), one, rtol=1e-5, atol=1e-6)
+    _assert_two_in_turn(recoveries)
+    _assert_trained_as(out, elastic_reference(TOTAL))
 
 
 def test_below_the_minimum_size_the_job_ends_and_names_the_dead_rank(tmp_path):
@@ -129,8 +138,7 @@ def test_a_horovod_elastic_program_goes_on_without_the_killed_rank(tmp_path, n):
     for rank, (done,) in recoveries.items():
         assert (done["lost_ranks"], done["size_before"], done["size_after"]) == ([1], n, n - 1)
         assert (done["commit"], done["values"]) == (2, {"step": 6})
-    for ours, one in zip(json.loads(out.read_text()), sampler_reference(n, n - 1)):
-        torch.testing.assert_close(torch.tensor(ours), one, rtol=1e-5, atol=1e-6)
+    _assert_trained_as(out, sampler_reference(n, n - 1))
 
 
 def test_a_horovod_rank_that_dies_in_the_reset_callback_costs_a_second_recovery(tmp_path):
@@ -140,17 +148,13 @@ def test_a_horovod_rank_that_dies_in_the_reset_callback_costs_a_second_recovery(
     assert job.returncode == 0, job.output[-4000:]
     for rank in range(2):
         assert f"rank {rank} of 2 goes on at step 6" in job.stdout, job.output[-3000:]
-        assert f"rank {rank} finished at step {6 + (SAMPLES - 24) // 2}, resets at sizes [3, 2]" in \
-            job.stdout, job.output[-3000:]
+        assert f"rank {rank} finished at step {6 + (SAMPLES - 24) // 2}, resets at sizes " \
+               f"[3, 2]" in job.stdout, job.output[-3000:]
     recoveries = _recoveries(reports)
     # Rank 2 of the three wrote its report of the first recovery before it died.
     assert sorted(recoveries) == [0, 1, 2] and len(recoveries.pop(2)) == 1, recoveries
-    for first, second in recoveries.values():
-        assert (first["size_before"], first["size_after"]) == (4, 3)
-        assert (second["lost_ranks"], second["size_before"], second["size_after"]) == \
-            ([2], 3, 2)
-    for ours, one in zip(json.loads(out.read_text()), sampler_reference(4, 2)):
-        torch.testing.assert_close(torch.tensor(ours), one, rtol=1e-5, atol=1e-6)
+    _assert_two_in_turn(recoveries)
+    _assert_trained_as(out, sampler_reference(4, 2))
 
 
 def test_a_sharded_loader_made_before_run_deals_the_rest_of_the_epoch_to_the_survivors(
