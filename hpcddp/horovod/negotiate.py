@@ -19,6 +19,7 @@ Example::
     responses = ready_responses(table, sets, fusion_bytes=64 << 20)
 """
 
+from operator import attrgetter
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from hpcddp.horovod.common import OP_NAMES
@@ -28,6 +29,7 @@ __all__ = ["Response", "ready_responses", "mismatch", "stalled"]
 _FUSABLE = ("allreduce",)
 # The fields every rank of an operation must agree on, by kind (the shape apart).
 _SAME = ("kind", "dtype", "device", "op", "root", "prescale", "postscale")
+_EXACT = attrgetter(*_SAME, "shape")  # what ranks agree on wholly, for most kinds
 
 
 class Response:
@@ -79,6 +81,10 @@ def _disagree(name: str, kind: str, field: str, by_value: Dict) -> str:
 def mismatch(requests: Dict[int, "object"]) -> Optional[str]:
     """The error message where the ranks' requests of one name disagree; else None."""
     first = requests[min(requests)]
+    if first.kind not in ("allgather", "alltoall"):
+        agreed = _EXACT(first)
+        if all(_EXACT(request) == agreed for request in requests.values()):
+            return None
     for field in _SAME:
         by_value: Dict = {}
         for rank, request in requests.items():

@@ -5,6 +5,7 @@ name, and a process set as the engine knows it."""
 
 import threading
 import time
+from math import prod
 from typing import Any, Callable, Dict, Optional, Sequence
 
 from hpcddp import timeline
@@ -40,7 +41,6 @@ class Request:
         return (self.set_id, self.kind, self.name)
 
     def nbytes(self) -> int:
-        from math import prod
         return prod(self.shape) * _ITEMSIZE.get(self.dtype, 8)
 
 

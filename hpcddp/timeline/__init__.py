@@ -23,6 +23,7 @@ import os
 import socket
 import threading
 import time
+import warnings
 from contextlib import nullcontext
 from typing import Callable, Optional
 
@@ -213,13 +214,22 @@ class Timeline:
         events = [e for part, _ in parts for e in part]
         dropped = sum(d for _, d in parts)
         temporary = f"{self.path}.tmp-{os.getpid()}"
-        with open(temporary, "w") as f:
-            json.dump({"traceEvents": events, "displayTimeUnit": "ms",
-                       "otherData": {"producer": "hpcddp", "ranks": self.comm.size,
-                                     "events_dropped": dropped,
-                                     "start_time_since_epoch_in_micros":
-                                         self.began_unix_us}}, f)
-        os.replace(temporary, self.path)
+        try:
+            with open(temporary, "w") as f:
+                json.dump({"traceEvents": events, "displayTimeUnit": "ms",
+                           "otherData": {"producer": "hpcddp", "ranks": self.comm.size,
+                                         "events_dropped": dropped,
+                                         "start_time_since_epoch_in_micros":
+                                             self.began_unix_us}}, f)
+            os.replace(temporary, self.path)
+        except OSError as error:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+            # The job's work is done; a trace that cannot be written (its folder removed,
+            # the disk full) is said, not raised at the job's end.
+            warnings.warn(f"hpcddp: the timeline's whole trace could not be written to "
+                          f"{self.path} ({error.strerror or error}); what was written as "
+                          f"the job ran stays there", RuntimeWarning, stacklevel=2)
 
 
 class _Writer:

@@ -85,3 +85,16 @@ def test_start_timeline_without_horovod_timeline_is_refused_on_every_rank(tmp_pa
     for rank in range(2):
         assert f"rank {rank} refused: Set HOROVOD_TIMELINE=DYNAMIC" in job.stdout, job.output
     assert not (tmp_path / "t.json").exists()
+
+
+def test_a_timeline_whose_folder_was_removed_is_said_at_exit_not_raised(tmp_path):
+    folder = tmp_path / "gone"
+    folder.mkdir()
+    job = launch([LIVE, "gone"], n=2, timeout=120,
+                 env={"HOROVOD_TIMELINE": str(folder / "t.json")})
+    assert job.returncode == 0, job.output
+    assert job.stdout.count("done") == 2, job.output
+    assert "Traceback" not in job.output and "Exception ignored" not in job.output, job.output
+    assert f"the timeline's whole trace could not be written to {folder / 't.json'}" \
+        in job.output, job.output
+    assert not folder.exists()

@@ -1,10 +1,13 @@
 """A Horovod program that reads its own timeline while it runs (rank 0), as Horovod's
 timeline tests do: ``live`` under ``HOROVOD_TIMELINE=<file>``, ``dynamic`` under
 ``HOROVOD_TIMELINE=DYNAMIC`` with ``start_timeline``/``stop_timeline`` into the files
-given after it, ``unset`` without ``HOROVOD_TIMELINE``. Each check prints one line."""
+given after it, ``unset`` without ``HOROVOD_TIMELINE``, ``gone``: the timeline's folder
+removed before the job ends (as Horovod's timeline test removes its temporary folder).
+Each check prints one line."""
 
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -58,6 +61,12 @@ def main():
                     whole = json.load(f)["traceEvents"]
                 print("stopped", path, sorted({e["pid"] for e in whole}), flush=True)
         allreduce("after_stop")
+    elif mode == "gone":
+        allreduce("before_gone")
+        hvd.barrier()
+        if hvd.rank() == 0:
+            shutil.rmtree(os.path.dirname(os.environ["HOROVOD_TIMELINE"]))
+        hvd.barrier()
     elif mode == "unset":
         try:
             hvd.start_timeline(sys.argv[2])
