@@ -9,7 +9,10 @@ wherever it waits, gets an error and comes here. Then, on each survivor:
    living, agreed by all of them (fault tolerant: a rank that dies meanwhile is left
    out too).
 2. Below ``HPCDDP_ELASTIC_MIN_RANKS`` survivors the job ends with a report, as without
-   ULFM.
+   ULFM. Otherwise the new rank 0 has the launcher end the ranks left behind
+   (``hpcddp.faults.launcher_end``): one that Open MPI's failure detector declared
+   failed may still live (a frozen node, a stopped process), and the launcher waits for
+   every process it started before the job can end.
 3. hpcddp's world is let go of without a collective (its helper threads stopped, its
    communicators left revoked) and made again on the survivors (``runtime.rejoin``):
    nodes, threads, reductions, the watchdog, torch's default group.
@@ -41,6 +44,7 @@ from hpcddp.env import get_setting
 from hpcddp.faults.abort import abort_job
 from hpcddp.faults.failed import (armed_recovery, failed_nodes, is_process_failure, revoke_all,
                                   take_noted, ulfm_enabled)
+from hpcddp.faults.launcher_end import end_processes, world_ranks
 from hpcddp.runtime import current_world, rejoin
 
 __all__ = ["RECOVERY_REPORT", "Recovery", "recover", "recoverable", "recovered",
@@ -107,6 +111,13 @@ def rejoin_survivors() -> Tuple[Any, Recovery]:
                   f"HPCDDP_ELASTIC_MIN_RANKS={least}; ending the job",
                   facts=dict(facts, kind="process_failed", failed_ranks=lost,
                              setting="HPCDDP_ELASTIC_MIN_RANKS"))
+    if shrunk.rank == 0:
+        not_ended = end_processes(serial.call(world_ranks, parent, lost))
+        facts["ended_by_launcher"] = not_ended is None
+        if not_ended is not None:
+            sys.stderr.write(f"hpcddp: {ranks_said(lost)} could not be ended through the "
+                             f"launcher ({not_ended}); if they still live, the job ends "
+                             f"only when they do\n")
     world = rejoin(shrunk)
     for model in models:
         model._rejoin(world)

@@ -75,6 +75,15 @@ _SETTINGS = {
         "0-19, or auto: 19 where the rank's torch threads take every core it may use (the "
         "engine's polling and reductions then give way to backward on the same core; "
         "a core that is idle still runs them at once), else unchanged."),
+    "ELASTIC_DETECT": _Setting(
+        "seconds", 3.0,
+        "Under ULFM (Open MPI's mpirun --with-ft ulfm), a process whose heartbeat has not "
+        "come for this long is declared failed by Open MPI's failure detector (a frozen "
+        "node, a node cut off, a stopped process), so hpcddp.elastic.run recovers from it "
+        "as from a dead one; the survivors then have the launcher end it. Sets "
+        "OMPI_MCA_mpi_ft_detector (its own thread, a heartbeat every fifth of this) "
+        "unless the job sets it. 0: no detector (such a rank is found by HPCDDP_TIMEOUT "
+        "and ends the job)."),
     "ELASTIC_MIN_RANKS": _Setting(
         "int", 1,
         "Under ULFM (Open MPI's mpirun --with-ft ulfm), hpcddp.elastic.run goes on "

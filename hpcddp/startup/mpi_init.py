@@ -147,6 +147,38 @@ def finalize_without_the_dead(environ=os.environ) -> None:
         environ.setdefault("OMPI_MCA_async_mpi_finalize", "1")
 
 
+def detect_silent_ranks(environ=os.environ) -> None:
+    """Under ULFM, Open MPI's failure detector (``OMPI_MCA_mpi_ft_detector``) declares a
+    process failed once its heartbeat has not come for ``HPCDDP_ELASTIC_DETECT``
+    seconds, unless the job sets the detector itself: without it a frozen or cut-off
+    process is never failed, and the survivors' next collective waits on it until
+    ``HPCDDP_TIMEOUT`` ends the job. Open MPI asks that the timeout be over three
+    heartbeat periods; the period is a fifth of it. The detector runs in MPI's progress
+    engine, which ``hpcddp.startup.heartbeats`` keeps turning; that needs
+    ``MPI_THREAD_MULTIPLE``, so at a lower level (``MPI4PY_RC_THREAD_LEVEL``) it stays
+    off."""
+    if not ulfm_requested(environ) or "OMPI_MCA_mpi_ft_detector" in environ:
+        return
+    from hpcddp.env import get_setting
+
+    seconds = get_setting("ELASTIC_DETECT", environ=environ)
+    level = environ.get("MPI4PY_RC_THREAD_LEVEL", "multiple").strip().lower()
+    if not seconds or level != "multiple":
+        return
+    environ["OMPI_MCA_mpi_ft_detector"] = "true"
+    environ.setdefault("OMPI_MCA_mpi_ft_detector_thread", "false")
+    environ.setdefault("OMPI_MCA_mpi_ft_detector_timeout", f"{seconds:g}")
+    environ.setdefault("OMPI_MCA_mpi_ft_detector_period", f"{seconds / 5:g}")
+
+
+def _after_init() -> None:
+    from hpcddp.startup import heartbeats
+
+    if heartbeats.wanted():
+        period = float(os.environ.get("OMPI_MCA_mpi_ft_detector_period", "3"))
+        heartbeats.pump(period / 10)
+
+
 def start_mpi(timeout: float) -> None:
     """Import ``mpi4py.MPI`` (``MPI_Init``), ending this rank if that takes longer than
     ``timeout`` seconds in a job of several ranks. Does nothing once MPI is started; in
@@ -167,9 +199,11 @@ def start_mpi(timeout: float) -> None:
 
     apply_netmod()  # the mpich wheel's network module, before MPI_Init reads it
     finalize_without_the_dead()
+    detect_silent_ranks()
 
     if not timeout or (detect_launcher().world_size or 1) < 2:
         from mpi4py import MPI  # noqa: F401
+        _after_init()
         return
     message = (f"hpcddp: {_launched_rank()}: MPI_Init did not return within {timeout:g} s "
                f"(HPCDDP_TIMEOUT): another rank of this job has not started MPI. It may "
@@ -182,3 +216,4 @@ def start_mpi(timeout: float) -> None:
     finally:
         watcher.kill()
         watcher.wait()
+    _after_init()

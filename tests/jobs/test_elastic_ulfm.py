@@ -185,3 +185,35 @@ def test_a_sharded_loader_made_before_run_deals_the_rest_of_the_epoch_to_the_sur
                                                      shuffle=True, seed=3))
     rank0 = [json.loads(line) for line in (tmp_path / "taken.0").read_text().splitlines()]
     assert [line["taken"][0] for line in rank0 if line["recoveries"] == 0][:6] == order[:6]
+
+
+def test_a_frozen_rank_is_declared_failed_by_the_detector_and_ended_by_the_launcher(tmp_path):
+    # Rank 1 stops itself (SIGSTOP) in step 8's backward: alive, silent. Open MPI's
+    # failure detector (HPCDDP_ELASTIC_DETECT, 3 s) declares it failed, the survivors go
+    # on from step 6, and rank 0 has the launcher end it, so the job ends when they
+    # finish. Without the detector the survivors would wait on it until HPCDDP_TIMEOUT
+    # (60 s) ended the job; without the launcher's end, mpirun would wait for it.
+    job, out, reports = _run(tmp_path, 3, env={"ELASTIC_SIGNAL": "SIGSTOP"})
+    assert job.returncode == 0, job.output[-4000:]
+    for rank in range(2):
+        assert f"rank {rank} of 2 goes on at step 6" in job.stdout, job.output[-3000:]
+        assert f"rank {rank} finished at step {TOTAL}" in job.stdout, job.output[-3000:]
+    assert read_reports(reports) == {}, reports_said(reports)
+    recoveries = _recoveries(reports)
+    assert sorted(recoveries) == [0, 1], recoveries
+    for rank, (done,) in recoveries.items():
+        assert (done["lost_ranks"], done["size_before"], done["size_after"]) == ([1], 3, 2)
+        assert done["commit"] == 2
+    assert recoveries[0][0]["ended_by_launcher"] is True, recoveries
+    _assert_trained_as(out, elastic_reference(TOTAL))
+
+
+def test_a_rank_busy_before_init_beyond_the_detectors_timeout_is_not_declared_failed():
+    # 8 s of Python on rank 1 between MPI_Init and hpcddp.init(), past the detector's
+    # 3 s: hpcddp's heartbeat thread keeps MPI's progress (and so the heartbeats) going.
+    command = [*mpiexec(), "--with-ft", "ulfm", "-n", "3", sys.executable,
+               str(ROOT / "tests/jobs/scripts/late_init.py"), "8"]
+    job = run_command(command, env=ENV, timeout=120, cwd=ROOT)
+    assert not job.timed_out and job.returncode == 0, job.output[-4000:]
+    for rank in range(3):
+        assert f"rank {rank} sum 3" in job.stdout, job.output[-3000:]

@@ -12,7 +12,8 @@ also sums the loss with ``dist.all_reduce`` (a collective of the program's own, 
 default group). ``ELASTIC_KILL_IN_RESET=R``: rank R of the survivors kills itself in the
 reset callback, inside the recovery. ``ELASTIC_TIMES=1``: the dying rank prints when it
 dies, and each rank when it completes its first step after a start or a recovery (Unix
-time; for benchmarks/bench_recovery.py).
+time; for benchmarks/bench_recovery.py). ``ELASTIC_SIGNAL=SIGSTOP``: the dying rank stops
+instead (a frozen process: alive, silent), for the failure detector to find.
 """
 
 import json
@@ -52,7 +53,7 @@ times = os.environ.get("ELASTIC_TIMES") == "1"
 def die(grad):
     if times:
         print(f"dies at {time.time():.6f}", flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), getattr(signal, os.environ.get("ELASTIC_SIGNAL", "SIGKILL")))
 
 
 def on_reset():
