@@ -25,7 +25,8 @@ from hpcddp.comm import serial
 from hpcddp.startup.mpi_init import ulfm_requested
 
 __all__ = ["FAILURE_CLASSES", "failed_nodes", "failed_ranks", "has_ulfm", "is_process_failure",
-           "armed_recovery", "note_failure", "revoke_all", "take_noted", "ulfm_enabled"]
+           "armed_recovery", "note_failure", "recovery_armed", "revoke_all", "take_noted",
+           "ulfm_enabled"]
 
 
 def has_ulfm() -> bool:
@@ -105,6 +106,11 @@ class armed_recovery:
     def __exit__(self, *exc):
         with _recovery_lock:
             _recovery["armed"] -= 1
+
+
+def recovery_armed() -> bool:
+    """Whether a recovery is armed (``hpcddp.elastic.run``'s body runs) under ULFM."""
+    return bool(_recovery["armed"]) and ulfm_enabled()
 
 
 def note_failure(error: BaseException) -> bool:

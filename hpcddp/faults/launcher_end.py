@@ -15,11 +15,12 @@ PMIx names a process by its job's namespace and its rank in ``MPI_COMM_WORLD``;
 """
 
 import ctypes
+import sys
 from typing import List, Optional
 
 from mpi4py import MPI
 
-__all__ = ["end_processes", "world_ranks"]
+__all__ = ["end_processes", "end_stuck", "world_ranks"]
 
 _PMIX_BOOL = 1
 _PMIX_SUCCESS = 0
@@ -87,3 +88,27 @@ def end_processes(ranks: List[int]) -> Optional[str]:
         said = lib.PMIx_Error_string(ctypes.c_int(status)) or b""
         return f"the launcher refused PMIx job control ({said.decode() or status})"
     return None
+
+
+def end_stuck(comm, rank: int, missing: List[int], what: str, reason: str) -> bool:
+    """The watchdog's, at ``HPCDDP_TIMEOUT`` inside ``hpcddp.elastic.run`` under ULFM:
+    have the launcher end the ranks of ``comm`` that have not reached the wait ``what``
+    (alive, stuck in their own code or a call that never returns), so that the MPI
+    fails them and the survivors recover, instead of the job ending. True when the
+    launcher took it; False: the caller ends the job as without ULFM."""
+    from hpcddp.comm import serial
+    from hpcddp.faults.failed import recovery_armed
+    from hpcddp.faults.report import ranks_said
+
+    if not missing or not recovery_armed():
+        return False
+    why = end_processes(serial.call(world_ranks, comm, missing))
+    if why is not None:
+        sys.stderr.write(f"hpcddp: rank {rank}: {ranks_said(missing)} could not be ended "
+                         f"through the launcher ({why}); ending the job\n")
+        return False
+    sys.stderr.write(f"hpcddp: rank {rank}: {ranks_said(missing)} had not reached "
+                     f"{what} ({reason}); ended through the launcher, so that the others "
+                     f"recover without {'it' if len(missing) == 1 else 'them'}\n")
+    sys.stderr.flush()
+    return True

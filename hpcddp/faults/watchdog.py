@@ -33,6 +33,7 @@ from hpcddp.comm.lifetime import Closable, free_comm
 from hpcddp.comm.topology import clone_comm
 from hpcddp.faults.abort import abort_job
 from hpcddp.faults.findings import others_there, rank_state, uneven_ranks
+from hpcddp.faults.launcher_end import end_stuck
 from hpcddp.faults.report import describe_rank, different_said, ranks_said, wait_report_text
 from hpcddp.faults.suspects import silent_nodes, slow_nodes
 
@@ -74,6 +75,7 @@ class Watchdog(Closable):
         self._leaving = False
         self._leave_wait = None
         self._replies: Dict[int, dict] = {}
+        self._ended: list = []  # waits whose missing ranks the launcher ended (ULFM)
         self._asked_at = 0.0
         self._sends: List["MPI.Request"] = []  # the main thread sends too (depart)
         self._sending = threading.Lock()
@@ -206,7 +208,8 @@ class Watchdog(Closable):
         for wait in activity.current_waits():
             if self._gone_before(wait):
                 self._fail(wait, None, {"reason": "departed"})
-            elif self.timeout and now - wait.since >= self.timeout:
+            elif self.timeout and now - wait.since >= self.timeout and \
+                    not any(wait is ended for ended in self._ended):
                 self._fail(wait, f"no progress for {now - wait.since:.0f} s "
                                  f"(HPCDDP_TIMEOUT={self.timeout:g})",
                            {"reason": "timeout", "setting": "HPCDDP_TIMEOUT",
@@ -311,6 +314,11 @@ class Watchdog(Closable):
             gone = self._gone_before(wait)
             reason = f"{ranks_said(gone)} left the job before reaching it, so it can never complete"
             facts = dict(facts, departed=gone)
+        missing = self._missing(wait, replies)
+        if facts["reason"] == "timeout" and not self._others_there(wait, replies) and \
+                end_stuck(self.comm, self.rank, missing, wait.describe(), reason):
+            self._ended.append(wait)  # its failure, now on the way, ends it
+            return
         if defer:
             seconds = _DEFER_SECONDS if self._cut_off_from_rank_zero(replies) \
                 else self._lower_rank_timing_out(replies)

@@ -217,3 +217,23 @@ def test_a_rank_busy_before_init_beyond_the_detectors_timeout_is_not_declared_fa
     assert not job.timed_out and job.returncode == 0, job.output[-4000:]
     for rank in range(3):
         assert f"rank {rank} sum 3" in job.stdout, job.output[-3000:]
+
+
+def test_a_rank_stuck_in_its_own_code_is_ended_at_the_timeout_and_the_others_go_on(tmp_path):
+    # Rank 1 loops in Python in step 8's backward: alive, its heartbeats going on, so
+    # MPI never fails it. At HPCDDP_TIMEOUT (5 s) the others' watchdogs find it missing
+    # from the DDP collective and have the launcher end it; the survivors then recover
+    # as from a dead rank. Without it the watchdog would end the job.
+    job, out, reports = _run(tmp_path, 3, env={"ELASTIC_SIGNAL": "stuck",
+                                               "HPCDDP_TIMEOUT": "5"})
+    assert job.returncode == 0, job.output[-4000:]
+    assert "rank 1 had not reached DDP" in job.stderr and "ended through the launcher" \
+        in job.stderr, job.stderr[-3000:]
+    for rank in range(2):
+        assert f"rank {rank} finished at step {TOTAL}" in job.stdout, job.output[-3000:]
+    assert read_reports(reports) == {}, reports_said(reports)
+    recoveries = _recoveries(reports)
+    assert sorted(recoveries) == [0, 1], recoveries
+    for rank, (done,) in recoveries.items():
+        assert (done["lost_ranks"], done["size_after"], done["commit"]) == ([1], 2, 2)
+    _assert_trained_as(out, elastic_reference(TOTAL))

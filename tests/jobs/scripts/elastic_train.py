@@ -13,7 +13,9 @@ default group). ``ELASTIC_KILL_IN_RESET=R``: rank R of the survivors kills itsel
 reset callback, inside the recovery. ``ELASTIC_TIMES=1``: the dying rank prints when it
 dies, and each rank when it completes its first step after a start or a recovery (Unix
 time; for benchmarks/bench_recovery.py). ``ELASTIC_SIGNAL=SIGSTOP``: the dying rank stops
-instead (a frozen process: alive, silent), for the failure detector to find.
+instead (a frozen process: alive, silent), for the failure detector to find;
+``ELASTIC_SIGNAL=stuck``: it loops in Python for ever instead (alive, its heartbeats and
+watchdog going on), for the watchdog to find at HPCDDP_TIMEOUT.
 """
 
 import json
@@ -53,7 +55,10 @@ times = os.environ.get("ELASTIC_TIMES") == "1"
 def die(grad):
     if times:
         print(f"dies at {time.time():.6f}", flush=True)
-    os.kill(os.getpid(), getattr(signal, os.environ.get("ELASTIC_SIGNAL", "SIGKILL")))
+    how = os.environ.get("ELASTIC_SIGNAL", "SIGKILL")
+    while how == "stuck":
+        sum(range(10000))
+    os.kill(os.getpid(), getattr(signal, how))
 
 
 def on_reset():
