@@ -81,8 +81,9 @@ _SETTINGS = {
         "come for this long is declared failed by Open MPI's failure detector (a frozen "
         "node, a node cut off, a stopped process), so hpcddp.elastic.run recovers from it "
         "as from a dead one; the survivors then have the launcher end it. Sets "
-        "OMPI_MCA_mpi_ft_detector (its own thread, a heartbeat every fifth of this) "
-        "unless the job sets it. 0: no detector (such a rank is found by HPCDDP_TIMEOUT "
+        "OMPI_MCA_mpi_ft_detector (in MPI's progress engine, kept turning by a thread of "
+        "hpcddp's; a heartbeat every fifth of this) unless the job sets it; needs "
+        "MPI_THREAD_MULTIPLE. 0: no detector (such a rank is found by HPCDDP_TIMEOUT "
         "and ends the job)."),
     "ELASTIC_MIN_RANKS": _Setting(
         "int", 1,

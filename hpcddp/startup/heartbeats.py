@@ -9,20 +9,13 @@ modules after hpcddp, computing before ``hpcddp.init()``), and its watcher would
 it failed. A process that is stopped sends none, and is found.
 
 Needs ``MPI_THREAD_MULTIPLE`` (the thread enters MPI beside hpcddp's MPI thread); at a
-lower level the detector is left off before ``MPI_Init`` (``wanted``)."""
+lower level the detector is left off before ``MPI_Init``
+(``mpi_init.detect_silent_ranks``)."""
 
 import atexit
-import os
 import threading
 
-__all__ = ["pump", "wanted"]
-
-
-def wanted(environ=os.environ) -> bool:
-    """Whether the detector runs in the progress engine, and so needs the pump."""
-    def on(name):
-        return environ.get(name, "").strip().lower() in ("1", "true", "yes", "on", "enabled")
-    return on("OMPI_MCA_mpi_ft_detector") and not on("OMPI_MCA_mpi_ft_detector_thread")
+__all__ = ["pump"]
 
 
 def pump(period: float) -> None:

@@ -129,11 +129,22 @@ def refuse_in_child() -> None:
     os._exit(1)
 
 
+def mca_flag(name: str, environ=os.environ) -> bool:
+    """Whether the Open MPI setting ``name`` (an ``OMPI_MCA_*`` variable) is on."""
+    return environ.get(name, "").strip().lower() in ("1", "true", "yes", "on", "enabled")
+
+
 def ulfm_requested(environ=os.environ) -> bool:
     """Whether the launcher turned ULFM's fault tolerance on (``mpirun --with-ft ulfm``
     sets ``OMPI_MCA_mpi_ft_enable``)."""
-    flag = environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower()
-    return flag in ("1", "true", "yes", "on", "enabled")
+    return mca_flag("OMPI_MCA_mpi_ft_enable", environ)
+
+
+def detector_needs_progress(environ=os.environ) -> bool:
+    """Whether Open MPI's failure detector runs in the progress engine (on, and not on
+    a thread of its own), so needs ``hpcddp.startup.heartbeats``."""
+    return mca_flag("OMPI_MCA_mpi_ft_detector", environ) and \
+        not mca_flag("OMPI_MCA_mpi_ft_detector_thread", environ)
 
 
 def finalize_without_the_dead(environ=os.environ) -> None:
@@ -174,7 +185,7 @@ def detect_silent_ranks(environ=os.environ) -> None:
 def _after_init() -> None:
     from hpcddp.startup import heartbeats
 
-    if heartbeats.wanted():
+    if detector_needs_progress():
         period = float(os.environ.get("OMPI_MCA_mpi_ft_detector_period", "3"))
         heartbeats.pump(period / 10)
 

@@ -48,6 +48,23 @@ def _assert_two_in_turn(recoveries):
         assert second["commit"] == 2
 
 
+def _assert_rank_one_lost(job, out, reports, n):
+    """The job went on without rank 1 of ``n`` from the commit of step 6, in the same
+    job, to the reference's parameters; each survivor's recovery (returned by rank)."""
+    assert job.returncode == 0, job.output[-4000:]
+    for rank in range(n - 1):
+        assert f"rank {rank} of {n - 1} goes on at step 6" in job.stdout, job.output[-3000:]
+        assert f"rank {rank} finished at step {TOTAL}" in job.stdout, job.output[-3000:]
+    assert read_reports(reports) == {}, reports_said(reports)  # nothing ended the job
+    recoveries = _recoveries(reports)
+    assert sorted(recoveries) == list(range(n - 1)), recoveries
+    for done, in recoveries.values():
+        assert (done["lost_ranks"], done["size_before"], done["size_after"]) == ([1], n, n - 1)
+        assert (done["commit"], done["values"]) == (2, {"step": 6})
+    _assert_trained_as(out, elastic_reference(TOTAL))
+    return {rank: done for rank, (done,) in recoveries.items()}
+
+
 def _recoveries(folder):
     found = {}
     for path in sorted(folder.glob("hpcddp-recovery-rank*.json")):
@@ -59,23 +76,14 @@ def _recoveries(folder):
 @pytest.mark.parametrize("n", [3, 4])
 def test_a_killed_rank_costs_a_recovery_not_the_job(tmp_path, n):
     job, out, reports = _run(tmp_path, n)
-    assert job.returncode == 0, job.output[-4000:]
     # Commits at steps 3 and 6; rank 1 dies in step 8's backward: the survivors go on
     # from step 6, one rank fewer, in the same job.
-    for rank in range(n - 1):
-        assert f"rank {rank} of {n - 1} goes on at step 6" in job.stdout, job.output[-3000:]
-        assert f"rank {rank} finished at step {TOTAL}" in job.stdout, job.output[-3000:]
+    recoveries = _assert_rank_one_lost(job, out, reports, n)
     assert f"hpcddp: rank 1 of {n} died" in job.stderr, job.stderr[-3000:]
-    assert read_reports(reports) == {}, reports_said(reports)  # nothing ended the job
-    recoveries = _recoveries(reports)
-    assert sorted(recoveries) == list(range(n - 1)), recoveries
     before = [r for r in range(n) if r != 1]
-    for rank, (done,) in recoveries.items():
-        assert (done["lost_ranks"], done["size_before"], done["size_after"]) == ([1], n, n - 1)
+    for rank, done in recoveries.items():
         assert done["lost_nodes"] == [{"node": done["lost_nodes"][0]["node"], "ranks": [1]}]
-        assert (done["commit"], done["values"]) == (2, {"step": 6})
         assert done["rank_before"] == before[rank]
-    _assert_trained_as(out, elastic_reference(TOTAL))
 
 
 def test_a_rank_that_dies_during_the_recovery_costs_a_second_one(tmp_path):
@@ -194,18 +202,8 @@ def test_a_frozen_rank_is_declared_failed_by_the_detector_and_ended_by_the_launc
     # finish. Without the detector the survivors would wait on it until HPCDDP_TIMEOUT
     # (60 s) ended the job; without the launcher's end, mpirun would wait for it.
     job, out, reports = _run(tmp_path, 3, env={"ELASTIC_SIGNAL": "SIGSTOP"})
-    assert job.returncode == 0, job.output[-4000:]
-    for rank in range(2):
-        assert f"rank {rank} of 2 goes on at step 6" in job.stdout, job.output[-3000:]
-        assert f"rank {rank} finished at step {TOTAL}" in job.stdout, job.output[-3000:]
-    assert read_reports(reports) == {}, reports_said(reports)
-    recoveries = _recoveries(reports)
-    assert sorted(recoveries) == [0, 1], recoveries
-    for rank, (done,) in recoveries.items():
-        assert (done["lost_ranks"], done["size_before"], done["size_after"]) == ([1], 3, 2)
-        assert done["commit"] == 2
-    assert recoveries[0][0]["ended_by_launcher"] is True, recoveries
-    _assert_trained_as(out, elastic_reference(TOTAL))
+    recoveries = _assert_rank_one_lost(job, out, reports, 3)
+    assert recoveries[0]["ended_by_launcher"] is True, recoveries
 
 
 def test_a_rank_busy_before_init_beyond_the_detectors_timeout_is_not_declared_failed():
@@ -226,14 +224,6 @@ def test_a_rank_stuck_in_its_own_code_is_ended_at_the_timeout_and_the_others_go_
     # as from a dead rank. Without it the watchdog would end the job.
     job, out, reports = _run(tmp_path, 3, env={"ELASTIC_SIGNAL": "stuck",
                                                "HPCDDP_TIMEOUT": "5"})
-    assert job.returncode == 0, job.output[-4000:]
+    _assert_rank_one_lost(job, out, reports, 3)
     assert "rank 1 had not reached DDP" in job.stderr and "ended through the launcher" \
         in job.stderr, job.stderr[-3000:]
-    for rank in range(2):
-        assert f"rank {rank} finished at step {TOTAL}" in job.stdout, job.output[-3000:]
-    assert read_reports(reports) == {}, reports_said(reports)
-    recoveries = _recoveries(reports)
-    assert sorted(recoveries) == [0, 1], recoveries
-    for rank, (done,) in recoveries.items():
-        assert (done["lost_ranks"], done["size_after"], done["commit"]) == ([1], 2, 2)
-    _assert_trained_as(out, elastic_reference(TOTAL))

@@ -3,8 +3,7 @@
 settings, off at ``HPCDDP_ELASTIC_DETECT=0`` and below MPI_THREAD_MULTIPLE (the
 heartbeat thread needs it), in the progress engine, and a period Open MPI accepts."""
 
-from hpcddp.startup import heartbeats
-from hpcddp.startup.mpi_init import detect_silent_ranks
+from hpcddp.startup.mpi_init import detect_silent_ranks, detector_needs_progress
 
 ULFM = {"OMPI_MCA_mpi_ft_enable": "true"}
 
@@ -23,7 +22,7 @@ def test_under_ulfm_the_detector_runs_in_the_progress_engine_with_hpcddp_s_timeo
                     "OMPI_MCA_mpi_ft_detector_period": "0.8"}
     assert float(said["OMPI_MCA_mpi_ft_detector_timeout"]) > \
         3 * float(said["OMPI_MCA_mpi_ft_detector_period"])  # Open MPI's rule
-    assert heartbeats.wanted(dict(ULFM, **said))
+    assert detector_needs_progress(dict(ULFM, **said))
 
 
 def test_nothing_is_set_without_ulfm_when_off_below_multiple_or_when_the_job_chose():
@@ -35,6 +34,6 @@ def test_nothing_is_set_without_ulfm_when_off_below_multiple_or_when_the_job_cho
 
 
 def test_a_detector_on_its_own_thread_needs_no_heartbeat_thread():
-    assert not heartbeats.wanted({"OMPI_MCA_mpi_ft_detector": "1",
+    assert not detector_needs_progress({"OMPI_MCA_mpi_ft_detector": "1",
                                   "OMPI_MCA_mpi_ft_detector_thread": "true"})
-    assert not heartbeats.wanted({})
+    assert not detector_needs_progress({})
