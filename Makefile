@@ -253,18 +253,19 @@ test-cluster-8: venv
 # MPICH (`make test-cluster`); each still trains across nodes here (the faults' jobs and
 # Slurm's preemption). `CLUSTER_MPIS_K="mpi_suite and 2x2"` runs it.
 # Each flavour takes Slurm's preemption and half of the faults (CI's time): Open MPI the
-# ranks killed, the node lost and a link down mid-training at SERIALIZED; Intel MPI a link
+# ranks killed, the node lost, a link down mid-training at SERIALIZED and
+# the recoveries inside the job across nodes (test_elastic_nodes.py, ULFM); Intel MPI a link
 # down and a crawling link between steps and the stuck rank. `CLUSTER_MPIS_K="preemption
 # or test_fault_ends or (stuck_rank and multiple) or (link_down_mid and serialized)"` runs
 # every one of them under both.
 CLUSTER_MPIS_K ?=
 CLUSTER_MPIS_K_openmpi ?= $(or $(CLUSTER_MPIS_K),preemption or ranks_killed or node_lost or \
-                          (link_down_mid and serialized))
+                          (link_down_mid and serialized) or elastic_nodes)
 CLUSTER_MPIS_K_impi ?= $(if $(findstring mpi_suite,$(CLUSTER_MPIS_K)),(not mpi_suite) and ($(CLUSTER_MPIS_K)),\
                        $(or $(CLUSTER_MPIS_K),preemption or (test_fault_ends and link_) or \
                        (stuck_rank and multiple)))
 CLUSTER_MPIS_TESTS := tests/cluster/test_across_nodes.py tests/cluster/test_slurm_nodes.py \
-                      tests/cluster/test_faults.py
+                      tests/cluster/test_faults.py tests/cluster/test_elastic_nodes.py
 test-cluster-mpis: $(addprefix test-cluster-mpi-,$(MPI_FLAVOURS))
 test-cluster-mpi-%: .venv-%/.hpcddp-installed
 	MPIEXEC="$(FLAVOUR_MPIEXEC_$*)" .venv-$*/bin/python -m pytest -q -rs $(CLUSTER_MPIS_TESTS) \

@@ -156,6 +156,18 @@ def kill_node(node: str, spare: Sequence[str] = ()) -> List[int]:
     return pids
 
 
+def signal_node(node: str, signum: int) -> List[int]:
+    """Send ``signum`` to every process inside ``node`` (SIGSTOP: the node freezes, its
+    launcher's daemon too; SIGCONT: it wakes); return the PIDs signalled."""
+    pids = node_pids(node)
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
 def remove_node(node: str, host_if: str) -> None:
     """Kill what runs inside ``node`` and delete it (its veth pair goes with it)."""
     if namespace_exists(node):

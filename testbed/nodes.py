@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -309,6 +310,13 @@ class EmulatedCluster:
         or an operator ends all of a job's processes on a node."""
         spare = () if launcher_too else _LAUNCHER_PROXIES
         return network.kill_node(self.nodes[self._index(node)], spare)
+
+    def freeze_node(self, node: str, frozen: bool = True) -> List[int]:
+        """Stop every process on ``node`` (a node that hangs: its ranks and the
+        launcher's daemon alive but silent, their connections open), or, ``frozen=False``,
+        let them go on again; the PIDs signalled."""
+        signum = signal.SIGSTOP if frozen else signal.SIGCONT
+        return network.signal_node(self.nodes[self._index(node)], signum)
 
     def set_link(self, node: str, up: bool) -> None:
         """Take ``node``'s link down, or bring it up again."""

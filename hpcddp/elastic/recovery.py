@@ -8,8 +8,10 @@ wherever it waits, gets an error and comes here. Then, on each survivor:
 1. ``MPIX_Comm_shrink`` of the world's parent communicator: a new communicator of the
    living, agreed by all of them (fault tolerant: a rank that dies meanwhile is left
    out too).
-2. Below ``HPCDDP_ELASTIC_MIN_RANKS`` survivors the job ends with a report, as without
-   ULFM. Otherwise the new rank 0 has the launcher end the ranks left behind
+2. Where whole nodes were lost, a side that holds half of the nodes or fewer (without
+   rank 0's) ends itself: a link down splits the job, and only one side may go on
+   (``hpcddp.elastic.quorum``). Below ``HPCDDP_ELASTIC_MIN_RANKS`` survivors the job ends
+   with a report, as without ULFM. Otherwise the new rank 0 has the launcher end the ranks left behind
    (``hpcddp.faults.launcher_end``): one that Open MPI's failure detector declared
    failed may still live (a frozen node, a stopped process), and the launcher waits for
    every process it started before the job can end.
@@ -45,6 +47,7 @@ from hpcddp.faults.abort import abort_job
 from hpcddp.faults.failed import (armed_recovery, failed_nodes, is_process_failure, revoke_all,
                                   take_noted, ulfm_enabled)
 from hpcddp.faults.launcher_end import end_processes, world_ranks
+from hpcddp.elastic.quorum import holds_quorum, leave_minority
 from hpcddp.runtime import current_world, rejoin
 
 __all__ = ["RECOVERY_REPORT", "Recovery", "recover", "recoverable", "recovered",
@@ -75,7 +78,19 @@ def recoverable(error: BaseException, recovering: bool = False) -> bool:
 
 def _shrink(parent) -> "MPI.Intracomm":
     revoke_all()  # again: a survivor whose own call failed must wake the others too
-    return serial.call(MPI.Comm.Shrink, parent)
+    limit = get_setting("TIMEOUT")
+    try:  # the owner's timeout bounds its start and its run: half of the limit each
+        return serial.call(MPI.Comm.Shrink, parent, timeout=limit / 2 if limit else None)
+    except serial.OwnerBusy:
+        # MPIX_Comm_shrink agrees among every rank MPI still counts as alive: one that
+        # lives but no longer takes part, and that no failure detector has declared
+        # failed, holds it for ever (seen on 3 nodes x 1 rank, the second node frozen:
+        # Open MPI 5.0's detector took 60 s, or declared rank 0 failed too).
+        abort_job(parent, f"the survivors' MPIX_Comm_shrink did not complete within "
+                  f"HPCDDP_TIMEOUT={limit:g} s: a rank that MPI still counts as alive no "
+                  f"longer takes part (a node frozen or cut off that the failure detector "
+                  f"has not declared failed); ending the job",
+                  facts={"kind": "recovery_stuck", "setting": "HPCDDP_TIMEOUT"})
 
 
 def _survivors(parent, shrunk) -> List[int]:
@@ -105,6 +120,8 @@ def rejoin_survivors() -> Tuple[Any, Recovery]:
     lost = [r for r in range(len(hosts)) if r not in kept]
     facts = Recovery(kind="recovery", lost_ranks=lost, lost_nodes=failed_nodes(lost, hosts),
                      size_before=len(hosts), size_after=len(kept), rank_before=rank_before)
+    if get_setting("ELASTIC_QUORUM") and not holds_quorum(hosts, kept):
+        leave_minority(facts, hosts, kept)
     least = get_setting("ELASTIC_MIN_RANKS")
     if len(kept) < least:
         abort_job(shrunk, f"{ranks_said(lost)} died and {len(kept)} ranks are left, fewer than "

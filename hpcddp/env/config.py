@@ -90,6 +90,13 @@ _SETTINGS = {
         "Under ULFM (Open MPI's mpirun --with-ft ulfm), hpcddp.elastic.run goes on "
         "after ranks die while at least this many survive; with fewer the job ends with "
         "a report, as without ULFM."),
+    "ELASTIC_QUORUM": _Setting(
+        "bool", True,
+        "Under ULFM, where a recovery loses ranks with their whole node (a node dead, "
+        "frozen or cut off), hpcddp.elastic.run goes on only on the side that holds more "
+        "than half of the job's nodes, or half with rank 0's node; the other side's ranks "
+        "end with exit code 3 and a report, so that a split job (a link down) does not "
+        "train twice into one checkpoint folder. 0: every side goes on."),
     "INFLIGHT_MB": _Setting(
         "int", 32,
         "The most megabytes of host memory (tensors on the CPU, pinned staging buffers) "
@@ -165,7 +172,8 @@ _SETTINGS = {
         "seconds", 600.0,
         "A wait in an hpcddp collective longer than this ends the job (MPI_Abort) with a "
         "report of the stuck operation and of the ranks that have not arrived, as "
-        "hpcddp.init(timeout=...) does; 0: wait forever."),
+        "hpcddp.init(timeout=...) does; it also bounds the MPIX_Comm_shrink of a "
+        "recovery inside the job (hpcddp.elastic under ULFM). 0: wait forever."),
     "TORCH_GROUP": _Setting(
         "bool", True,
         "hpcddp.init() initializes torch.distributed's default group on MPI unless one "

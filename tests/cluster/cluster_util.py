@@ -35,8 +35,9 @@ def wait_for_log(log, words, seconds=240):
         time.sleep(0.2)
 
 
-def _command(cluster, argv, ranks_per_node, nodes):
-    return [*mpiexec(), *cluster.mpiexec_args(ranks_per_node, nodes, mpi_flavour()),
+def _command(cluster, argv, ranks_per_node, nodes, launcher_args=()):
+    return [*mpiexec(), *launcher_args,
+            *cluster.mpiexec_args(ranks_per_node, nodes, mpi_flavour()),
             sys.executable, *map(str, argv)]
 
 
@@ -46,23 +47,36 @@ def on_nodes(cluster, argv, ranks_per_node=1, nodes=None, env=None, timeout=300)
                        env=cluster.env(clean_env(env)), timeout=timeout)
 
 
-def start_on_nodes(cluster, argv, ranks_per_node=1, nodes=None, env=None):
-    """Start the job without waiting; stdout and stderr merged, read line by line."""
-    return subprocess.Popen(_command(cluster, argv, ranks_per_node, nodes),
+def start_on_nodes(cluster, argv, ranks_per_node=1, nodes=None, env=None, launcher_args=()):
+    """Start the job without waiting; stdout and stderr merged, read line by line.
+    ``launcher_args`` go to the launcher before the placement (``--with-ft ulfm``)."""
+    return subprocess.Popen(_command(cluster, argv, ranks_per_node, nodes, launcher_args),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=cluster.env(clean_env(env)), cwd=ROOT, start_new_session=True)
 
 
 def wait_for_line(proc, prefix, timeout):
-    """Read ``proc``'s output until a line starts with ``prefix``; the lines read."""
-    seen, deadline = [], time.monotonic() + timeout
-    for line in proc.stdout:
-        seen.append(line)
-        if line.startswith(prefix):
-            return seen
-        if time.monotonic() > deadline:
-            break
+    """Read ``proc``'s output until a line starts with ``prefix``; the lines read. A job
+    that says nothing more is killed with its process group at ``timeout`` (its output
+    then ends), so the wait cannot outlast it."""
+    seen = []
+    timer = threading.Timer(timeout, _kill_group, (proc,))
+    timer.start()
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith(prefix):
+                return seen
+    finally:
+        timer.cancel()
     raise AssertionError(f"no line {prefix!r} within {timeout} s:\n{''.join(seen)[-3000:]}")
+
+
+def _kill_group(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def finish(proc, earlier, timeout):

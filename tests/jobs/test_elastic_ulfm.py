@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 from jobs_util import ROOT, mpi_flavour, mpiexec, run_command
-from reports import read_reports, reports_said
-from elastic_reference import SAMPLES, elastic_reference, sampler_reference
+from reports import read_recoveries, read_reports, reports_said
+from elastic_reference import SAMPLES, assert_trained_as, elastic_reference, sampler_reference
 from test_elastic_resume import KILL_AT, SCRIPT, TOTAL
 
 pytestmark = pytest.mark.skipif(
@@ -33,12 +33,6 @@ def _run(tmp_path, n, env=None):
     return job, out, reports
 
 
-def _assert_trained_as(out, reference):
-    """The parameters rank 0 wrote to ``out`` are ``reference``'s."""
-    for ours, one in zip(json.loads(out.read_text()), reference):
-        torch.testing.assert_close(torch.tensor(ours), one, rtol=1e-5, atol=1e-6)
-
-
 def _assert_two_in_turn(recoveries):
     """Each survivor's report: rank 1 lost of 4, then rank 2 of the 3, from commit 2."""
     for first, second in recoveries.values():
@@ -56,21 +50,13 @@ def _assert_rank_one_lost(job, out, reports, n):
         assert f"rank {rank} of {n - 1} goes on at step 6" in job.stdout, job.output[-3000:]
         assert f"rank {rank} finished at step {TOTAL}" in job.stdout, job.output[-3000:]
     assert read_reports(reports) == {}, reports_said(reports)  # nothing ended the job
-    recoveries = _recoveries(reports)
+    recoveries = read_recoveries(reports)
     assert sorted(recoveries) == list(range(n - 1)), recoveries
     for done, in recoveries.values():
         assert (done["lost_ranks"], done["size_before"], done["size_after"]) == ([1], n, n - 1)
         assert (done["commit"], done["values"]) == (2, {"step": 6})
-    _assert_trained_as(out, elastic_reference(TOTAL))
+    assert_trained_as(out, elastic_reference(TOTAL))
     return {rank: done for rank, (done,) in recoveries.items()}
-
-
-def _recoveries(folder):
-    found = {}
-    for path in sorted(folder.glob("hpcddp-recovery-rank*.json")):
-        report = json.loads(path.read_text())
-        found[report["rank"]] = report["recoveries"]
-    return found
 
 
 @pytest.mark.parametrize("n", [3, 4])
@@ -94,10 +80,10 @@ def test_a_rank_that_dies_during_the_recovery_costs_a_second_one(tmp_path):
     for rank in range(2):
         assert f"rank {rank} of 2 goes on at step 6" in job.stdout, job.output[-3000:]
         assert f"rank {rank} finished at step {TOTAL}" in job.stdout, job.output[-3000:]
-    recoveries = _recoveries(reports)
+    recoveries = read_recoveries(reports)
     assert sorted(recoveries) == [0, 1], recoveries
     _assert_two_in_turn(recoveries)
-    _assert_trained_as(out, elastic_reference(TOTAL))
+    assert_trained_as(out, elastic_reference(TOTAL))
 
 
 def test_below_the_minimum_size_the_job_ends_and_names_the_dead_rank(tmp_path):
@@ -141,12 +127,12 @@ def test_a_horovod_elastic_program_goes_on_without_the_killed_rank(tmp_path, n):
             job.stdout, job.output[-3000:]
     assert f"hpcddp: rank 1 of {n} died" in job.stderr, job.stderr[-3000:]
     assert read_reports(reports) == {}, reports_said(reports)
-    recoveries = _recoveries(reports)
+    recoveries = read_recoveries(reports)
     assert sorted(recoveries) == list(range(n - 1)), recoveries
     for rank, (done,) in recoveries.items():
         assert (done["lost_ranks"], done["size_before"], done["size_after"]) == ([1], n, n - 1)
         assert (done["commit"], done["values"]) == (2, {"step": 6})
-    _assert_trained_as(out, sampler_reference(n, n - 1))
+    assert_trained_as(out, sampler_reference(n, n - 1))
 
 
 def test_a_horovod_rank_that_dies_in_the_reset_callback_costs_a_second_recovery(tmp_path):
@@ -158,11 +144,11 @@ def test_a_horovod_rank_that_dies_in_the_reset_callback_costs_a_second_recovery(
         assert f"rank {rank} of 2 goes on at step 6" in job.stdout, job.output[-3000:]
         assert f"rank {rank} finished at step {6 + (SAMPLES - 24) // 2}, resets at sizes " \
                f"[3, 2]" in job.stdout, job.output[-3000:]
-    recoveries = _recoveries(reports)
+    recoveries = read_recoveries(reports)
     # Rank 2 of the three wrote its report of the first recovery before it died.
     assert sorted(recoveries) == [0, 1, 2] and len(recoveries.pop(2)) == 1, recoveries
     _assert_two_in_turn(recoveries)
-    _assert_trained_as(out, sampler_reference(4, 2))
+    assert_trained_as(out, sampler_reference(4, 2))
 
 
 def test_a_sharded_loader_made_before_run_deals_the_rest_of_the_epoch_to_the_survivors(

@@ -3,6 +3,8 @@ computed apart from them: one process trained on every step's global batch (the 
 rows the scripts make from the step's number), for the elastic tests and
 benchmarks/bench_recovery.py."""
 
+import json
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -54,3 +56,9 @@ def sampler_reference(before: int, after: int, committed: int = 6):
         F.mse_loss(model(x[start:start + size]), y[start:start + size]).backward()
         optimizer.step()
     return [p.detach() for p in model.parameters()]
+
+
+def assert_trained_as(out, reference):
+    """The parameters a job's rank 0 wrote to ``out`` (JSON lists) are ``reference``'s."""
+    for ours, one in zip(json.loads(out.read_text()), reference):
+        torch.testing.assert_close(torch.tensor(ours), one, rtol=1e-5, atol=1e-6)

@@ -15,6 +15,16 @@ def read_reports(folder) -> dict:
     return found
 
 
+def read_recoveries(folder) -> dict:
+    """``{rank: [recovery, ...]}`` of every recovery report in ``folder``
+    (``hpcddp.elastic``'s, named by the rank after the recovery)."""
+    found = {}
+    for path in sorted(Path(folder).glob("hpcddp-recovery-rank*.json")):
+        report = json.loads(path.read_text())
+        found[report["rank"]] = report["recoveries"]
+    return found
+
+
 def the_report(folder, kind, output=""):
     """The report of ``kind`` written by the lowest rank that wrote one (several ranks
     can time out at once; the lowest one's verdict is the one the job shows first).

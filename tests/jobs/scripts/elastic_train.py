@@ -15,7 +15,9 @@ dies, and each rank when it completes its first step after a start or a recovery
 time; for benchmarks/bench_recovery.py). ``ELASTIC_SIGNAL=SIGSTOP``: the dying rank stops
 instead (a frozen process: alive, silent), for the failure detector to find;
 ``ELASTIC_SIGNAL=stuck``: it loops in Python for ever instead (alive, its heartbeats and
-watchdog going on), for the watchdog to find at HPCDDP_TIMEOUT.
+watchdog going on), for the watchdog to find at HPCDDP_TIMEOUT. ``ELASTIC_SAY_AT=S``:
+rank 0 prints ``at step S`` when it reaches step S, for a harness to fault a node then,
+while the ranks go on computing and reducing (tests/cluster/test_elastic_nodes.py).
 """
 
 import json
@@ -50,6 +52,7 @@ optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
 state = elastic.State(model, optimizer, step=0, checkpoint=ckpt, checkpoint_every=2)
 kill_in_reset = os.environ.get("ELASTIC_KILL_IN_RESET")
 times = os.environ.get("ELASTIC_TIMES") == "1"
+say_at = int(os.environ.get("ELASTIC_SAY_AT", "-1"))
 
 
 def die(grad):
@@ -94,6 +97,8 @@ def train(state):
             print(f"rank {rank} of {size}: first step at {time.time():.6f}", flush=True)
             first = False
         state.step += 1
+        if state.step == say_at and rank == 0 and not state.recoveries:
+            print(f"at step {say_at}", flush=True)
         if state.step % 3 == 0:
             state.commit()
 
