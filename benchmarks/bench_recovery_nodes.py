@@ -20,8 +20,9 @@ while the ranks compute and reduce:
   (3 x 1, no spare).
 
 Per run: the seconds from the fault to the first step completed afterwards (at the new
-size, or in the new job), the steps run again (the fault's step past the commit or
-checkpoint resumed from), exit codes, a hang (past the timeout), a crash, and whether the
+size, or in the new job), the step training resumed at (the fault is made once rank 0
+has done step ``--fault-at``: a commit every 3 steps, a checkpoint every 6), exit codes,
+a job ended at the shrink's deadline (``recovery_stuck``), a hang (past the timeout), a crash, and whether the
 final parameters are those of one process trained on every step's global batch
 (tests/support/elastic_reference.py). JSON in results/recovery_nodes.json.
 
@@ -142,7 +143,7 @@ def fault_run(cluster, kind, layout, folder, expected, steps, fault_at):
             cluster.freeze_node(victim)
         elif not hung:
             cluster.set_link(victim, False)
-        hung = hung or not job.wait_for("rank 0 finished", 180)
+        job.wait_for("rank 0 finished", 180)  # or the job ended without it
     finally:
         if kind == "frozen":
             cluster.freeze_node(victim, frozen=False)
@@ -153,7 +154,9 @@ def fault_run(cluster, kind, layout, folder, expected, steps, fault_at):
     return {"exit": code, "hung": hung or code is None, "crash": _crashed(job.text),
             "identical": identical(folder, expected),
             "seconds": _first_after(job.text, nodes * per_node - per_node, faulted),
-            "steps_again": fault_at - min(resumed) if resumed else None}
+            "resumed_at": min(resumed) if resumed else None,
+            "ended": "recovery_stuck" if "MPIX_Comm_shrink did not complete" in job.text
+            else None}
 
 
 def restart_run(cluster, layout, folder, expected, steps, fault_at):
@@ -172,18 +175,20 @@ def restart_run(cluster, layout, folder, expected, steps, fault_at):
             "crash": _crashed(job.text + successor.text),
             "identical": identical(folder, expected),
             "seconds": _first_after(successor.text, len(spare) * per_node, faulted),
-            "steps_again": fault_at - min(resumed) if resumed else None}
+            "resumed_at": min(resumed) if resumed else None}
 
 
 def summary(runs):
     seconds = [r["seconds"] for r in runs if r["seconds"] is not None]
-    again = [r["steps_again"] for r in runs if r["steps_again"] is not None]
+    resumed = [r["resumed_at"] for r in runs if r["resumed_at"] is not None]
     return {"runs": len(runs), "hangs": sum(r["hung"] for r in runs),
             "crashes": sum(r["crash"] for r in runs),
             "identical": sum(r["identical"] for r in runs),
             "median_s": statistics.median(seconds) if seconds else None,
             "max_s": max(seconds) if seconds else None,
-            "steps_again_max": max(again) if again else None}
+            "recovered": len(seconds), "ended_stuck": sum(r.get("ended") == "recovery_stuck"
+                                                          for r in runs),
+            "resumed_at": [min(resumed), max(resumed)] if resumed else None}
 
 
 def main():
@@ -203,7 +208,8 @@ def main():
         for i in range(args.runs):  # interleaved: the machine's drift falls on all alike
             for layout in layouts:
                 for kind in kinds:
-                    with tempfile.TemporaryDirectory(prefix="hpcddp-nodes-") as folder:
+                    with tempfile.TemporaryDirectory(prefix="hpcddp-nodes-",
+                                                     ignore_cleanup_errors=True) as folder:
                         if kind == "restart":
                             found = restart_run(cluster, layout, Path(folder), expected,
                                                 args.steps, args.fault_at)
