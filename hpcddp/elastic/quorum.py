@@ -53,8 +53,9 @@ def leave_minority(facts: dict, hosts: Sequence[str], kept: Sequence[int]) -> No
     mine = _nodes([hosts[r] for r in kept])
     others = [n for n in _nodes(hosts) if n not in mine]
     message = (f"{len(mine)} of the job's {len(_nodes(hosts))} nodes ({', '.join(mine)}) "
-               f"{'is' if len(mine) == 1 else 'are'} left on this side; the others ({', '.join(others)}) no longer answer and "
-               f"may go on without them (a link down, a node frozen): so that one side "
+               f"{'is' if len(mine) == 1 else 'are'} left on this side; the others "
+               f"({', '.join(others)}) no longer answer and may go on without them (a link "
+               f"down, a node frozen): so that one side "
                f"trains, this side, the smaller or the one without rank 0's node, ends "
                f"(HPCDDP_ELASTIC_QUORUM=0 lets each side go on)")
     sys.stderr.write(f"hpcddp: rank {rank} (rank {facts['rank_before']} of "

@@ -11,8 +11,8 @@ wherever it waits, gets an error and comes here. Then, on each survivor:
 2. Where whole nodes were lost, a side that holds half of the nodes or fewer (without
    rank 0's) ends itself: a link down splits the job, and only one side may go on
    (``hpcddp.elastic.quorum``). Below ``HPCDDP_ELASTIC_MIN_RANKS`` survivors the job ends
-   with a report, as without ULFM. Otherwise the new rank 0 has the launcher end the ranks left behind
-   (``hpcddp.faults.launcher_end``): one that Open MPI's failure detector declared
+   with a report, as without ULFM. Otherwise the new rank 0 has the launcher end the
+   ranks left behind (``hpcddp.faults.launcher_end``): one that Open MPI's failure detector declared
    failed may still live (a frozen node, a stopped process), and the launcher waits for
    every process it started before the job can end.
 3. hpcddp's world is let go of without a collective (its helper threads stopped, its
