@@ -223,7 +223,7 @@ CLUSTER_K ?= not ring_suite and not (mpi_suite and 3x1) and not (any_source and 
              and not without_a_spare_a_successor and not (fabric_link_down and spare) \
              and not fault_soak
 test-cluster: venv
-	$(PYTEST) tests/cluster $(if $(CLUSTER_K),-k "$(CLUSTER_K)"); status=$$?; \
+	$(PYTEST) --durations=8 tests/cluster $(if $(CLUSTER_K),-k "$(CLUSTER_K)"); status=$$?; \
 	  $(PY) -m testbed down --name hdtest; $(PY) -m testbed down --name hdfab; \
 	  $(PY) -m testbed down --name hdsoak; tests/cluster/site/site_cluster.sh down hdsite; \
 	  exit $$status
@@ -268,7 +268,7 @@ CLUSTER_MPIS_TESTS := tests/cluster/test_across_nodes.py tests/cluster/test_slur
                       tests/cluster/test_faults.py tests/cluster/test_elastic_nodes.py
 test-cluster-mpis: $(addprefix test-cluster-mpi-,$(MPI_FLAVOURS))
 test-cluster-mpi-%: .venv-%/.hpcddp-installed
-	MPIEXEC="$(FLAVOUR_MPIEXEC_$*)" .venv-$*/bin/python -m pytest -q -rs $(CLUSTER_MPIS_TESTS) \
+	MPIEXEC="$(FLAVOUR_MPIEXEC_$*)" .venv-$*/bin/python -m pytest -q -rs --durations=8 $(CLUSTER_MPIS_TESTS) \
 	  $(if $(CLUSTER_MPIS_K_$*),-k "$(CLUSTER_MPIS_K_$*)"); \
 	  status=$$?; $(PY) -m testbed down --name hdtest; exit $$status
 

@@ -17,7 +17,9 @@ Example::
                         "python", "train.py"], env=cluster.env(), check=True)
 """
 
+import contextlib
 import fcntl
+import glob
 import ipaddress
 import json
 import os
@@ -310,6 +312,17 @@ class EmulatedCluster:
         or an operator ends all of a job's processes on a node."""
         spare = () if launcher_too else _LAUNCHER_PROXIES
         return network.kill_node(self.nodes[self._index(node)], spare)
+
+    def end_jobs(self) -> Dict[str, List[int]]:
+        """SIGKILL what jobs left on the nodes (ranks, launcher daemons; Slurm's node
+        daemon spared) and remove the shared-memory segments Open MPI's killed ranks
+        leave (``/dev/shm/sm_segment.<node>.*``); the PIDs killed, by node."""
+        killed = {node: network.kill_node(node, ("slurmd",)) for node in self.nodes}
+        for node in self.nodes:
+            for segment in glob.glob(f"/dev/shm/sm_segment.{node}.*"):
+                with contextlib.suppress(OSError):
+                    os.unlink(segment)
+        return {node: pids for node, pids in killed.items() if pids}
 
     def freeze_node(self, node: str, frozen: bool = True) -> List[int]:
         """Stop every process on ``node`` (a node that hangs: its ranks and the

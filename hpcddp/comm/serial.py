@@ -43,21 +43,25 @@ from hpcddp.comm.owner import OWNER
 from hpcddp.comm.pickled import PickledCollectives
 
 __all__ = ["LOCK", "OwnerBusy", "SerialComm", "SerialRequest", "call", "keep_moving",
-           "live_comms", "moved", "mpi_call", "poll", "post", "serialize", "stop_moving",
-           "until", "wait", "wait_all", "wake"]
+           "live_comms", "made_live", "moved", "mpi_call", "poll", "post", "serialize",
+           "stop_moving", "until", "wait", "wait_all", "wake"]
 
 
-def _wrap(result):
-    """Communicators and requests made by a wrapped call, wrapped in turn."""
+def _wrap(result, made: bool = True):
+    """Communicators and requests made by a wrapped call, wrapped in turn; a
+    communicator whose making is still pending (not ``made``) is not yet live."""
     if isinstance(result, MPI.Intracomm) and result != MPI.COMM_NULL:
-        if isinstance(result, SerialComm):
-            result._fixed()  # made by mpi4py as type(self), without __init__
-            return result
-        return call(SerialComm, result)  # mpi4py asks MPI whether it is an intracomm
+        if not isinstance(result, SerialComm):  # (else made by mpi4py as type(self))
+            result = call(SerialComm, result)  # mpi4py asks MPI whether it is an intracomm
+        result._fixed()
+        if not made:
+            _LIVE.pop(id(result), None)
+        return result
     if type(result) is MPI.Request:
         return SerialRequest(result)
     if type(result) is tuple and any(isinstance(i, (MPI.Comm, MPI.Request)) for i in result):
-        return tuple(_wrap(item) for item in result)  # Idup's (communicator, request)
+        # Idup's (communicator, request): the communicator is live once it completes
+        return tuple(_wrap(item, made=False) for item in result)
     return result
 
 
@@ -131,7 +135,7 @@ class SerialComm(PickledCollectives, MPI.Intracomm):
         if fixed is None:
             fixed = call(MPI.Intracomm.Get_rank, self), call(MPI.Intracomm.Get_size, self)
             self.__dict__["_rank_size"] = fixed
-            _LIVE[id(self)] = self
+            made_live(self)
         return fixed
 
     rank = property(lambda self: self._fixed()[0], doc="This process's rank.")
@@ -158,8 +162,16 @@ class SerialComm(PickledCollectives, MPI.Intracomm):
 _LIVE: "weakref.WeakValueDictionary[int, SerialComm]" = weakref.WeakValueDictionary()
 
 
+def made_live(comm: SerialComm) -> None:
+    """``comm``, whose making has completed, is one ``live_comms`` gives. One made by
+    ``Idup`` is live only once its request completes: Open MPI 5.0's ``MPIX_Comm_revoke``
+    on a communicator still being made dereferences its unset matching state (SIGSEGV
+    in ``mca_pml_ob1_revoke_comm``, seen in a recovery's rebuild)."""
+    _LIVE[id(comm)] = comm
+
+
 def live_comms() -> List[SerialComm]:
-    """Every communicator wrapped here that is still referenced and not freed (what a
+    """Every communicator made here that is still referenced and not freed (what a
     recovery revokes: ``hpcddp.faults.failed``)."""
     return [comm for comm in list(_LIVE.values()) if comm != MPI.COMM_NULL]
 

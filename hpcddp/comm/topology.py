@@ -5,7 +5,7 @@ from typing import List, NamedTuple, Optional
 
 from mpi4py import MPI
 
-from hpcddp.comm.serial import serialize
+from hpcddp.comm.serial import made_live, serialize
 from hpcddp.startup.mpi_init import JOB_SEGMENTS, MPICH_SEGMENT, unlink_mapped_segments
 
 __all__ = ["MissingRanksError", "NodeLayout", "clone_comm", "forget_segment_names",
@@ -56,6 +56,7 @@ def clone_comm(comm=None, name="hpcddp.world", timeout: Optional[float] = None,
                     f"it (its error is printed above), or be still busy; if ranks start "
                     f"this slowly, raise HPCDDP_TIMEOUT or pass hpcddp.init(timeout=...)")
             time.sleep(0.001)
+        made_live(dup)
     dup = serialize(dup)
     dup.Set_name(name)
     return dup

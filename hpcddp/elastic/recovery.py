@@ -102,7 +102,8 @@ def _survivors(parent, shrunk) -> List[int]:
 def rejoin_survivors() -> Tuple[Any, Recovery]:
     """Steps 1 to 4: shrink to the survivors, end the job below
     ``HPCDDP_ELASTIC_MIN_RANKS``, rebuild hpcddp and every DDP on them. Returns the new
-    world and the recovery's facts so far (what was lost).
+    world and the recovery's facts so far (what was lost since the world the recovery
+    began from, over every attempt: one that failed part way is made again).
 
     .. warning:: Collective over the survivors (every one of them comes here).
     """
@@ -110,18 +111,20 @@ def rejoin_survivors() -> Tuple[Any, Recovery]:
     if old is not None:
         _where.update(parent=old.parent, hosts=list(old.hosts), rank=old.rank,
                       models=[o for o in lifetime.open_owners() if hasattr(o, "_rejoin")])
-    # else a recovery that failed part way (a rank died in it) left no world: its
-    # shrunk communicator is the one to shrink again.
-    parent, hosts, rank_before = _where["parent"], _where["hosts"], _where["rank"]
-    models = _where["models"]
+    # else a recovery that failed part way (a rank died in it, or a failure was noted
+    # meanwhile) left no world: its shrunk communicator is the one to shrink again.
+    # (began: the world until_recovered began from; origin: each rank's index there)
+    parent, hosts, origin = _where["parent"], _where["hosts"], _where["origin"]
+    began, rank_before, models = _where["began"], origin[_where["rank"]], _where["models"]
     shrunk = _shrink(parent)
     kept = serial.call(_survivors, parent, shrunk)
-    _where.update(parent=shrunk, hosts=[hosts[r] for r in kept], rank=shrunk.rank)
-    lost = [r for r in range(len(hosts)) if r not in kept]
-    facts = Recovery(kind="recovery", lost_ranks=lost, lost_nodes=failed_nodes(lost, hosts),
-                     size_before=len(hosts), size_after=len(kept), rank_before=rank_before)
-    if get_setting("ELASTIC_QUORUM") and not holds_quorum(hosts, kept):
-        leave_minority(facts, hosts, kept)
+    _where.update(parent=shrunk, hosts=[hosts[r] for r in kept], rank=shrunk.rank,
+                  origin=[origin[r] for r in kept])
+    lost = [r for r in range(len(began)) if r not in _where["origin"]]
+    facts = Recovery(kind="recovery", lost_ranks=lost, lost_nodes=failed_nodes(lost, began),
+                     size_before=len(began), size_after=len(kept), rank_before=rank_before)
+    if get_setting("ELASTIC_QUORUM") and not holds_quorum(began, _where["origin"]):
+        leave_minority(facts, began, _where["origin"])
     least = get_setting("ELASTIC_MIN_RANKS")
     if len(kept) < least:
         abort_job(shrunk, f"{ranks_said(lost)} died and {len(kept)} ranks are left, fewer than "
@@ -129,7 +132,8 @@ def rejoin_survivors() -> Tuple[Any, Recovery]:
                   facts=dict(facts, kind="process_failed", failed_ranks=lost,
                              setting="HPCDDP_ELASTIC_MIN_RANKS"))
     if shrunk.rank == 0:
-        not_ended = end_processes(serial.call(world_ranks, parent, lost))
+        left = [r for r in range(len(hosts)) if r not in kept]  # parent's ranks
+        not_ended = end_processes(serial.call(world_ranks, parent, left))
         facts["ended_by_launcher"] = not_ended is None
         if not_ended is not None:
             sys.stderr.write(f"hpcddp: {ranks_said(lost)} could not be ended through the "
@@ -167,7 +171,10 @@ def recover(state, began: float) -> Recovery:
 
 def until_recovered(attempt: Callable[[], Any]) -> Any:
     """``attempt()``, a recovery, made again while ranks die during it (each time one
-    more shrink, of the last one's communicator); its result."""
+    more shrink, of the last one's communicator); its result. Its report counts what
+    was lost since the world it began from."""
+    world = current_world()
+    _where.update(began=list(world.hosts), origin=list(range(world.size)))
     while True:
         try:
             with armed_recovery():

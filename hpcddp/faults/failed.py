@@ -78,6 +78,7 @@ FAILURE_CLASSES = tuple(getattr(MPI, name) for name in (
 
 _recovery = {"armed": 0, "noted": None}
 _recovery_lock = threading.Lock()
+REVOKE_PATIENCE = 0.5  # seconds revoke_all waits for the owner to take its call
 
 
 def ulfm_enabled() -> bool:
@@ -140,14 +141,18 @@ def take_noted() -> Optional[BaseException]:
 def revoke_all() -> None:
     """Revoke every communicator hpcddp holds (``MPIX_Comm_revoke``, local and never
     blocking): each survivor's pending and later operations on them fail, so none
-    waits for a dead rank. On the calling thread: the MPI thread may be in a wait."""
+    waits for a dead rank. The owner revokes them between its calls, never beside one
+    that frees or makes a communicator; where it is held longer than
+    ``REVOKE_PATIENCE`` in a call that waits for the dead (``MPIX_Comm_shrink``), the
+    calling thread does, under ``MPI_THREAD_MULTIPLE``."""
     def revoke(comms):
         for comm in comms:
             try:
                 MPI.Comm.Revoke(comm)
             except MPI.Exception:
                 pass  # freed meanwhile, or revoked already
-    if MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
+    multiple = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+    try:
+        serial.call(revoke, serial.live_comms(), timeout=REVOKE_PATIENCE if multiple else None)
+    except serial.OwnerBusy:
         revoke(serial.live_comms())
-    else:
-        serial.call(revoke, serial.live_comms())

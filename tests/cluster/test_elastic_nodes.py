@@ -40,6 +40,14 @@ def reference():
     return elastic_reference(TOTAL)
 
 
+@pytest.fixture(autouse=True)
+def _nothing_left(cluster):
+    """A job a failed test leaves (ranks polling for peers, a frozen node's processes)
+    is ended before the next test, which it would slow."""
+    yield
+    cluster.end_jobs()
+
+
 def _start(cluster, tmp_path, layout):
     nodes, per_node = LAYOUTS[layout]
     proc = start_on_nodes(cluster, [SCRIPT, tmp_path / "ckpt", tmp_path / "params.json", TOTAL],

@@ -86,6 +86,28 @@ def test_a_rank_that_dies_during_the_recovery_costs_a_second_one(tmp_path):
     assert_trained_as(out, elastic_reference(TOTAL))
 
 
+def test_a_rank_that_dies_inside_the_recoverys_collective_costs_one_recovery_of_both(
+        tmp_path):
+    # Of 4 ranks, rank 1 dies mid-backward; in the recovery's reset callbacks, which
+    # make a collective, the survivors' rank 2 dies first: their collective fails, the
+    # recovery is made again on the two left, and its report counts both dead ranks
+    # against the world it began from.
+    job, out, reports = _run(tmp_path, 4, env={"ELASTIC_KILL_IN_RESET": "2",
+                                               "ELASTIC_RESET_COLLECTIVE": "1"})
+    assert job.returncode == 0, job.output[-4000:]
+    for rank in range(2):
+        assert f"rank {rank} of 2 goes on at step 6" in job.stdout, job.output[-3000:]
+        assert f"rank {rank} finished at step {TOTAL}" in job.stdout, job.output[-3000:]
+    recoveries = read_recoveries(reports)
+    assert sorted(recoveries) == [0, 1], recoveries
+    for rank, (done,) in recoveries.items():
+        # rank 2 of the 3 survivors was rank 3 of the 4
+        assert (done["lost_ranks"], done["size_before"], done["size_after"]) == \
+            ([1, 3], 4, 2), done
+        assert (done["rank_before"], done["commit"]) == ([0, 2][rank], 2), done
+    assert_trained_as(out, elastic_reference(TOTAL))
+
+
 def test_below_the_minimum_size_the_job_ends_and_names_the_dead_rank(tmp_path):
     job, out, reports = _run(tmp_path, 3, env={"HPCDDP_ELASTIC_MIN_RANKS": "3"})
     assert job.returncode != 0, job.output[-3000:]
@@ -213,3 +235,18 @@ def test_a_rank_stuck_in_its_own_code_is_ended_at_the_timeout_and_the_others_go_
     _assert_rank_one_lost(job, out, reports, 3)
     assert "rank 1 had not reached DDP" in job.stderr and "ended through the launcher" \
         in job.stderr, job.stderr[-3000:]
+
+
+def test_a_revoke_while_a_communicator_is_being_made_leaves_that_one_alone():
+    # A recovery revokes every communicator hpcddp holds, from whichever thread meets
+    # the failure, also while a rebuild's MPI_Comm_idup is pending (a failure noted
+    # during the recovery). Open MPI 5.0.11 crashes revoking one still being made
+    # (SIGSEGV in mca_pml_ob1_revoke_comm), and mpirun --with-ft ulfm carries on past a
+    # crashed rank: each rank's line is the check.
+    command = [*mpiexec(), "--with-ft", "ulfm", "-n", "2", sys.executable,
+               str(ROOT / "tests/jobs/scripts/revoke_while_made.py")]
+    job = run_command(command, env=ENV, timeout=60, cwd=ROOT)
+    assert not job.timed_out and job.returncode == 0, job.output[-4000:]
+    assert "rank 0: MPI_ERR" in job.stdout, job.output[-4000:]  # its dup failed, no crash
+    assert "rank 1: MPI_ERR_REVOKED" in job.stdout, job.output[-4000:]
+    assert "Segmentation fault" not in job.output, job.output[-4000:]

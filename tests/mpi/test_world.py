@@ -211,3 +211,28 @@ def test_world_falls_back_to_staging_when_mpi_crashes_on_device_memory():
         assert len(said) == (1 if world.is_main else 0)
     finally:
         world.cuda_aware, world.cuda_aware_reason = saved
+
+
+def test_a_communicator_is_revoked_in_a_recovery_only_once_made():
+    # A recovery revokes what serial.live_comms() gives (hpcddp.faults.failed); one
+    # whose Idup is pending must not be in it (Open MPI 5.0 crashes revoking it:
+    # tests/jobs/test_elastic_ulfm.py), one made by clone_comm must.
+    from hpcddp.comm import serial
+    from hpcddp.comm.topology import clone_comm
+
+    parent = clone_comm(None, name="parent", timeout=60)  # of MPI_COMM_WORLD
+    other = clone_comm(None, name="other", timeout=60)
+    assert {id(parent), id(other)} <= {id(c) for c in serial.live_comms()}
+    if parent.rank == 0:
+        being_made, request = parent.Idup()  # pending: rank 1 waits in the barrier below
+        assert id(being_made) not in {id(c) for c in serial.live_comms()}
+        other.Barrier()
+    else:
+        other.Barrier()
+        being_made, request = parent.Idup()
+    request.Wait()
+    assert id(being_made) not in {id(c) for c in serial.live_comms()}  # its maker's call
+    serial.made_live(being_made)
+    assert id(being_made) in {id(c) for c in serial.live_comms()}
+    for comm in (being_made, other, parent):
+        comm.Free()

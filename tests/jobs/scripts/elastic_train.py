@@ -10,7 +10,8 @@ parameters to OUT. Under ULFM the survivors go on inside the job: the rank and s
 read in the training function, whose world after a recovery is the survivors'. Each step
 also sums the loss with ``dist.all_reduce`` (a collective of the program's own, on the
 default group). ``ELASTIC_KILL_IN_RESET=R``: rank R of the survivors kills itself in the
-reset callback, inside the recovery. ``ELASTIC_TIMES=1``: the dying rank prints when it
+reset callback, inside the recovery; with ``ELASTIC_RESET_COLLECTIVE=1`` the callback
+then makes a collective, which fails on the others inside that recovery. ``ELASTIC_TIMES=1``: the dying rank prints when it
 dies, and each rank when it completes its first step after a start or a recovery (Unix
 time; for benchmarks/bench_recovery.py). ``ELASTIC_SIGNAL=SIGSTOP``: the dying rank stops
 instead (a frozen process: alive, silent), for the failure detector to find;
@@ -51,6 +52,7 @@ model = hpcddp.DistributedDataParallel(
 optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
 state = elastic.State(model, optimizer, step=0, checkpoint=ckpt, checkpoint_every=2)
 kill_in_reset = os.environ.get("ELASTIC_KILL_IN_RESET")
+reset_collective = os.environ.get("ELASTIC_RESET_COLLECTIVE") == "1"
 times = os.environ.get("ELASTIC_TIMES") == "1"
 say_at = int(os.environ.get("ELASTIC_SAY_AT", "-1"))
 
@@ -68,6 +70,8 @@ def on_reset():
     if kill_in_reset is not None and dist.get_rank() == int(kill_in_reset) \
             and len(state.recoveries) == 0:  # during the first recovery
         os.kill(os.getpid(), signal.SIGKILL)
+    if reset_collective and len(state.recoveries) == 0:
+        dist.all_reduce(torch.ones(1))  # fails on the others: the recovery is made again
 
 
 state.register_reset_callbacks([on_reset])
