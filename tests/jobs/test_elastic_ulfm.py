@@ -72,16 +72,22 @@ def test_a_killed_rank_costs_a_recovery_not_the_job(tmp_path, n):
         assert done["rank_before"] == before[rank]
 
 
-def test_a_rank_that_dies_during_the_recovery_costs_a_second_one(tmp_path):
-    # Of 4 ranks, rank 1 dies mid-backward; then, inside the recovery (in the reset
-    # callbacks, after the survivors shrank and restored), the survivors' rank 2 dies.
-    job, out, reports = _run(tmp_path, 4, env={"ELASTIC_KILL_IN_RESET": "2"})
+def _two_went_on(job, reports):
+    """Of 4 ranks, the two left went on from step 6 to the end; their recoveries."""
     assert job.returncode == 0, job.output[-4000:]
     for rank in range(2):
         assert f"rank {rank} of 2 goes on at step 6" in job.stdout, job.output[-3000:]
         assert f"rank {rank} finished at step {TOTAL}" in job.stdout, job.output[-3000:]
     recoveries = read_recoveries(reports)
     assert sorted(recoveries) == [0, 1], recoveries
+    return recoveries
+
+
+def test_a_rank_that_dies_during_the_recovery_costs_a_second_one(tmp_path):
+    # Of 4 ranks, rank 1 dies mid-backward; then, inside the recovery (in the reset
+    # callbacks, after the survivors shrank and restored), the survivors' rank 2 dies.
+    job, out, reports = _run(tmp_path, 4, env={"ELASTIC_KILL_IN_RESET": "2"})
+    recoveries = _two_went_on(job, reports)
     _assert_two_in_turn(recoveries)
     assert_trained_as(out, elastic_reference(TOTAL))
 
@@ -94,12 +100,7 @@ def test_a_rank_that_dies_inside_the_recoverys_collective_costs_one_recovery_of_
     # against the world it began from.
     job, out, reports = _run(tmp_path, 4, env={"ELASTIC_KILL_IN_RESET": "2",
                                                "ELASTIC_RESET_COLLECTIVE": "1"})
-    assert job.returncode == 0, job.output[-4000:]
-    for rank in range(2):
-        assert f"rank {rank} of 2 goes on at step 6" in job.stdout, job.output[-3000:]
-        assert f"rank {rank} finished at step {TOTAL}" in job.stdout, job.output[-3000:]
-    recoveries = read_recoveries(reports)
-    assert sorted(recoveries) == [0, 1], recoveries
+    recoveries = _two_went_on(job, reports)
     for rank, (done,) in recoveries.items():
         # rank 2 of the 3 survivors was rank 3 of the 4
         assert (done["lost_ranks"], done["size_before"], done["size_after"]) == \
